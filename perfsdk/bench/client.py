@@ -1,0 +1,265 @@
+"""One streaming request to an OpenAI-compatible server, timed chunk by chunk.
+
+:func:`send_request` POSTs a completions or chat request with ``"stream": true``
+and ``stream_options.include_usage``, reads the Server-Sent Events stream
+(``data: {...}`` events, ``data: [DONE]`` at the end), stamps every chunk with
+``time.perf_counter`` and fills a :class:`~perfsdk.bench.records.RequestRecord`.
+It never raises for a server fault: a refused connection, a non-200 status, an
+event that is not JSON, a stream that stops before ``[DONE]``, an error event
+or a timeout is recorded as the request's ``error`` (see ``records.py`` for the
+reason keys). Only cancellation propagates, after being recorded.
+
+On a timeout or a malformed event the client stops reading and closes the
+connection, so the server sees the disconnect and can free the sequence.
+
+::
+
+    async with aiohttp.ClientSession() as session:
+        rec = RequestRecord(index=0, prompt_len=128, max_tokens=64)
+        payload = build_payload("completions", model="m", prompt=text, max_tokens=64)
+        await send_request(session, url, payload, rec, timeout_s=30.0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from perfsdk.bench.records import (
+    CANCELLED,
+    CLIENT_ERROR,
+    CONNECTION_ERROR,
+    ERROR_EVENT,
+    MALFORMED_EVENT,
+    NO_TOKENS,
+    NOT_EVENT_STREAM,
+    STREAM_CUT,
+    TIMEOUT,
+    RequestRecord,
+    http_reason,
+)
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["build_payload", "send_request"]
+
+_DETAIL_CHARS = 300  # enough of a server's error body to say what went wrong
+
+
+def build_payload(
+    endpoint: str,
+    *,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    ignore_eos: bool = False,
+    temperature: float = 0.0,
+) -> dict[str, Any]:
+    """The JSON body for ``/v1/completions`` (``endpoint="completions"``) or ``/v1/chat/completions``."""
+    body: dict[str, Any] = {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+    }
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+        # newer OpenAI-style servers read this name for chat; older ones read max_tokens
+        body["max_completion_tokens"] = max_tokens
+    else:
+        body["prompt"] = prompt
+    if ignore_eos:
+        body["ignore_eos"] = True  # vLLM / SGLang extension: generate exactly max_tokens
+    return body
+
+
+class _StreamFailure(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+async def send_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: Mapping[str, Any],
+    record: RequestRecord,
+    *,
+    timeout_s: float,
+    t0: float | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> RequestRecord:
+    """Send one request and fill *record*; *t0* is the run's start on ``perf_counter``."""
+    import aiohttp  # noqa: PLC0415  (optional dependency, imported at the point of use)
+
+    st = time.perf_counter()
+    record.start = st - (t0 if t0 is not None else st)
+    state = _State(st)
+    try:
+        await asyncio.wait_for(_stream(session, url, payload, record, st, state, headers), timeout_s)
+    except _StreamFailure as e:
+        record.fail(e.reason, e.detail)
+    except TimeoutError:
+        record.fail(
+            TIMEOUT,
+            f"no complete response within {timeout_s:g} s "
+            f"({'after ' + str(record.chunks) + ' chunks' if state.headers else 'before the response headers'})",
+        )
+    except asyncio.CancelledError:
+        record.fail(CANCELLED, "the benchmark was cancelled while this request was running")
+        record.stream_end = time.perf_counter() - st
+        raise
+    except aiohttp.ClientConnectorError as e:
+        record.fail(CONNECTION_ERROR, f"cannot connect to {url}: {e.os_error or e}")
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+        if state.headers:
+            record.fail(STREAM_CUT, f"the connection broke after {record.chunks} chunks: {_describe(e)}")
+        else:
+            record.fail(CONNECTION_ERROR, f"the connection broke before a response: {_describe(e)}")
+    except aiohttp.ClientError as e:
+        record.fail(CLIENT_ERROR, _describe(e))
+    except (UnicodeDecodeError, ValueError) as e:  # e.g. a line longer than aiohttp's limit
+        record.fail(MALFORMED_EVENT, _describe(e))
+    record.stream_end = time.perf_counter() - st
+    if record.ok:
+        _finish(record, state)
+    return record
+
+
+class _State:
+    __slots__ = ("completion_tokens", "done", "headers", "last", "st")
+
+    def __init__(self, st: float) -> None:
+        self.st = st
+        self.headers = False
+        self.done = False
+        self.last: float | None = None
+        self.completion_tokens: int | None = None
+
+
+async def _stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: Mapping[str, Any],
+    record: RequestRecord,
+    st: float,
+    state: _State,
+    headers: Mapping[str, str] | None,
+) -> None:
+    async with session.post(url, json=dict(payload), headers=dict(headers or {})) as resp:
+        state.headers = True
+        record.http_status = resp.status
+        if resp.status != 200:
+            body = await resp.text(errors="replace")
+            raise _StreamFailure(
+                http_reason(resp.status), f"HTTP {resp.status} {resp.reason or ''}: {_clip(body)}".strip()
+            )
+        ctype = resp.headers.get("Content-Type", "")
+        if "event-stream" not in ctype:
+            body = await resp.text(errors="replace")
+            raise _StreamFailure(
+                NOT_EVENT_STREAM, f"expected text/event-stream, got {ctype or 'no Content-Type'}: {_clip(body)}"
+            )
+        data_lines: list[str] = []
+        async for raw in resp.content:
+            now = time.perf_counter()
+            line = raw.decode("utf-8").rstrip("\r\n")
+            if line:
+                if line.startswith("data:"):
+                    value = line[5:]
+                    data_lines.append(value[1:] if value.startswith(" ") else value)
+                # comments (":") and event:/id:/retry: fields carry no tokens
+                continue
+            if data_lines:  # a blank line ends an event
+                _on_event("\n".join(data_lines), now, record, st, state)
+                data_lines.clear()
+                if state.done:
+                    return
+        if data_lines:  # the last event had no blank line after it; still an event
+            _on_event("\n".join(data_lines), time.perf_counter(), record, st, state)
+        if not state.done:
+            raise _StreamFailure(
+                STREAM_CUT, f"the stream ended without data: [DONE] after {record.chunks} text chunks"
+            )
+
+
+def _on_event(data: str, now: float, record: RequestRecord, st: float, state: _State) -> None:
+    if data.strip() == "[DONE]":
+        state.done = True
+        return
+    try:
+        obj = json.loads(data)
+    except json.JSONDecodeError as e:
+        raise _StreamFailure(MALFORMED_EVENT, f"event is not JSON ({e.msg}): {_clip(data)}") from None
+    if not isinstance(obj, dict):
+        raise _StreamFailure(MALFORMED_EVENT, f"event is not a JSON object: {_clip(data)}")
+    if obj.get("error") is not None:
+        err = obj["error"]
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        raise _StreamFailure(ERROR_EVENT, f"server error in stream: {_clip(str(msg))}")
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        if isinstance(usage.get("prompt_tokens"), int):
+            record.prompt_tokens = usage["prompt_tokens"]
+        if isinstance(usage.get("completion_tokens"), int):
+            state.completion_tokens = usage["completion_tokens"]
+    choices = obj.get("choices")
+    if choices is None:
+        if usage is None:
+            raise _StreamFailure(MALFORMED_EVENT, f"event has neither choices nor usage: {_clip(data)}")
+        return
+    if not isinstance(choices, list):
+        raise _StreamFailure(MALFORMED_EVENT, f"'choices' is not a list: {_clip(data)}")
+    if not choices:
+        return
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise _StreamFailure(MALFORMED_EVENT, f"a choice is not an object: {_clip(data)}")
+    if _text_of(choice):
+        record.chunks += 1
+        if record.ttft is None:
+            record.ttft = now - st
+        elif state.last is not None:
+            record.itl.append(now - state.last)
+        state.last = now
+
+
+def _text_of(choice: dict[str, Any]) -> str:
+    text = choice.get("text")
+    if isinstance(text, str) and text:
+        return text
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        for key in ("content", "reasoning_content", "reasoning"):
+            value = delta.get(key)
+            if isinstance(value, str) and value:
+                return value
+    return ""
+
+
+def _finish(record: RequestRecord, state: _State) -> None:
+    if state.completion_tokens is not None:
+        record.output_tokens = state.completion_tokens
+        record.usage_reported = True
+    else:
+        record.output_tokens = record.chunks
+    if record.chunks == 0:
+        record.fail(NO_TOKENS, "the stream finished with data: [DONE] but carried no generated text")
+        return
+    if state.last is not None:
+        record.e2el = state.last - state.st  # to the last text chunk, as vLLM measures it
+
+
+def _clip(text: str) -> str:
+    text = text.strip().replace("\n", "\\n")
+    return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + "…"
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

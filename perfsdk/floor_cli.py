@@ -1,0 +1,205 @@
+"""``perfsdk floor``: the seeds' "start with a budget", as one command.
+
+::
+
+    perfsdk floor --model llama-3-8b --gpu h100-sxm --ctx 4096
+    perfsdk floor --params 7B --bytes-per-param 2 --bandwidth-tb-s 2 --measured-ms 39.2
+    perfsdk floor --params 8e9 --layers 32 --heads 32 --kv-heads 8 --head-dim 128 \\
+                  --ctx 4096 --prompt-tokens 2048 --gpu h100-sxm --json
+
+A named model supplies every size; explicit flags override it. A named GPU
+supplies the peaks; ``--bandwidth-tb-s`` and ``--tflops`` override them. With
+``--measured-ms`` (a measured decode step) it also prints the MBU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+from typing import Any
+
+from perfsdk import budget
+from perfsdk.errors import ConfigError
+from perfsdk.model import ModelSpec, dtype_bytes
+
+__all__ = ["compute", "parse_count", "register"]
+
+_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str) -> float:
+    """``"8e9"``, ``"8B"``, ``"6.74b"``, ``"500M"`` → a number of parameters."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r} (examples: 8e9, 8B, 6.74B, 500M)")
+    value = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _model_from_args(a: argparse.Namespace) -> ModelSpec:
+    if a.model:
+        spec = ModelSpec.named(a.model)
+        params = a.params if a.params is not None else spec.total_params or spec.params
+        bpp = a.bytes_per_param if a.bytes_per_param is not None else dtype_bytes(spec.dtype)
+        changes: dict[str, Any] = {}
+        if a.params is not None:
+            changes["params"] = params
+        if a.params is not None or a.bytes_per_param is not None:
+            changes["weight_bytes"] = params * bpp
+        for field in ("layers", "heads", "kv_heads", "head_dim", "kv_bytes"):
+            if getattr(a, field) is not None:
+                changes[field] = getattr(a, field)
+        if a.kv_heads is None and a.heads is not None:
+            changes["kv_heads"] = a.heads
+        spec = dataclasses.replace(spec, **changes) if changes else spec
+    else:
+        if a.params is None:
+            raise ConfigError("params: give --model NAME or --params (e.g. --params 8B)")
+        spec = ModelSpec.from_params(
+            a.params,
+            a.bytes_per_param if a.bytes_per_param is not None else 2.0,
+            layers=a.layers,
+            heads=a.heads,
+            kv_heads=a.kv_heads,
+            head_dim=a.head_dim,
+            kv_bytes=a.kv_bytes if a.kv_bytes is not None else 2.0,
+            name="custom",
+        )
+    return spec.with_tp(a.tp) if a.tp != 1 else spec
+
+
+def _peaks(a: argparse.Namespace) -> tuple[float, float | None, str]:
+    bandwidth = flops = None
+    name = "custom"
+    if a.gpu:
+        from perfsdk import hardware
+
+        hw = hardware.get(a.gpu)
+        name = hw.name
+        bandwidth = hw.memory_bandwidth
+        flops = hw.peak_flops("bf16")
+    if a.bandwidth_tb_s is not None:
+        bandwidth = a.bandwidth_tb_s * 1e12
+    if a.tflops is not None:
+        flops = a.tflops * 1e12
+    if bandwidth is None:
+        raise ConfigError("gpu: give --gpu NAME (e.g. --gpu h100-sxm) or --bandwidth-tb-s")
+    return bandwidth, flops, name
+
+
+def compute(a: argparse.Namespace) -> dict[str, Any]:
+    """Every figure ``perfsdk floor`` prints, as one JSON-ready dict."""
+    for field in ("ctx", "prompt_tokens"):
+        if getattr(a, field) < 0:
+            raise ConfigError(f"{field.replace('_', '-')}: must be >= 0, got {getattr(a, field)}")
+    if a.batch < 1:
+        raise ConfigError(f"batch: must be >= 1, got {a.batch}")
+    model = _model_from_args(a)
+    bandwidth, flops, gpu = _peaks(a)
+    context_tokens = a.ctx * a.batch
+    if context_tokens and not model.has_attention_shape:
+        raise ConfigError("ctx: the KV-cache term needs --layers, --kv-heads and --head-dim (or --model)")
+    step_bytes = budget.decode_step_bytes(model, context_tokens)
+    floor_s = step_bytes / bandwidth
+    out: dict[str, Any] = {
+        "model": model.name,
+        "gpu": gpu,
+        "tp": model.tp,
+        "batch": a.batch,
+        "ctx": a.ctx,
+        "prompt_tokens": a.prompt_tokens,
+        "peak_bandwidth_bytes_per_s": bandwidth,
+        "peak_flops": flops,
+        "weight_bytes": model.weight_bytes,
+        "kv_bytes_per_token": model.kv_bytes_per_token if model.has_attention_shape else None,
+        "decode_step_bytes": step_bytes,
+        "decode_floor_ms": floor_s * 1e3,
+        "decode_tokens_per_s": a.batch / floor_s,
+    }
+    seqs = [a.prompt_tokens] * a.batch
+    linear = budget.prefill_flops(model, seqs, attention=False)
+    total = budget.prefill_flops(model, seqs) if model.has_attention_shape else linear
+    out.update(
+        prefill_flops=total,
+        prefill_flops_no_attention=linear,
+        prefill_floor_ms=total / flops * 1e3 if flops else None,
+        prefill_floor_no_attention_ms=linear / flops * 1e3 if flops else None,
+    )
+    if a.measured_ms is not None:
+        if a.measured_ms <= 0:
+            raise ConfigError(f"measured-ms: must be positive, got {a.measured_ms}")
+        out["measured_ms"] = a.measured_ms
+        out["measured_tokens_per_s"] = a.batch / (a.measured_ms / 1e3)
+        out["mbu"] = budget.mbu(step_bytes, a.measured_ms / 1e3, bandwidth)
+    return out
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if b >= div:
+            return f"{b / div:,.2f} {unit}"
+    return f"{b:,.0f} B"
+
+
+def format_table(r: dict[str, Any]) -> str:
+    rows = [
+        ("model", f"{r['model']} (tp={r['tp']})" if r["tp"] > 1 else r["model"]),
+        ("gpu", f"{r['gpu']}: {r['peak_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s"
+         + (f", {r['peak_flops'] / 1e12:,.0f} TFLOP/s dense" if r["peak_flops"] else "")),
+        ("weights read per step", _fmt_bytes(r["weight_bytes"])),
+    ]
+    if r["kv_bytes_per_token"] is not None:
+        rows.append(("KV cache per token", f"{r['kv_bytes_per_token']:,.0f} B"))
+    rows += [
+        (f"decode step bytes (batch {r['batch']}, ctx {r['ctx']})", _fmt_bytes(r["decode_step_bytes"])),
+        ("decode floor", f"{r['decode_floor_ms']:.2f} ms/step = {r['decode_tokens_per_s']:,.0f} tokens/s"),
+    ]
+    if r["prefill_floor_ms"] is not None:
+        label = f"prefill floor ({r['batch']} × {r['prompt_tokens']} tokens)"
+        value = f"{r['prefill_floor_ms']:.2f} ms"
+        if r["prefill_floor_no_attention_ms"] != r["prefill_floor_ms"]:
+            value += f" ({r['prefill_floor_no_attention_ms']:.2f} ms without attention)"
+        rows.append((label, value))
+    if "mbu" in r:
+        rows.append(("measured decode step", f"{r['measured_ms']:.2f} ms = {r['measured_tokens_per_s']:,.1f} tokens/s"))
+        rows.append(("MBU", f"{r['mbu']:.1%}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _run(a: argparse.Namespace) -> int:
+    result = compute(a)
+    print(json.dumps(result, indent=2) if a.json else format_table(result))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "floor",
+        help="decode and prefill floors (and MBU) for a model on a GPU",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", help="a known model name, e.g. llama-3-8b (see perfsdk.model.KNOWN_MODELS)")
+    p.add_argument("--params", type=parse_count, help="parameter count: 8e9, 8B, 6.74B")
+    p.add_argument("--bytes-per-param", type=float, help="2 for bf16/fp16, 1 for int8/fp8, 0.5 for int4")
+    p.add_argument("--layers", type=int)
+    p.add_argument("--heads", type=int, help="attention (query) heads")
+    p.add_argument("--kv-heads", type=int, help="KV heads (grouped-query attention); default: --heads")
+    p.add_argument("--head-dim", type=int)
+    p.add_argument("--kv-bytes", type=float, help="bytes per KV-cache element (default 2)")
+    p.add_argument("--ctx", type=int, default=0, help="context length of each sequence (default 0: weights only)")
+    p.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
+    p.add_argument("--prompt-tokens", type=int, default=2048, help="prompt length for the prefill floor (default 2048)")
+    p.add_argument("--gpu", help="a GPU from the datasheet table, e.g. h100-sxm, h200, a100-sxm-80gb")
+    p.add_argument("--bandwidth-tb-s", type=float, help="peak memory bandwidth in TB/s (overrides --gpu)")
+    p.add_argument("--tflops", type=float, help="dense peak TFLOP/s (overrides --gpu; default its bf16 figure)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: figures per GPU")
+    p.add_argument("--measured-ms", type=float, help="a measured decode step in ms: prints MBU")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_run)

@@ -1,0 +1,395 @@
+"""What a model costs to run: :class:`ModelSpec`.
+
+A ``ModelSpec`` holds exactly what the floors need — how many parameters do
+arithmetic for each token, how many bytes of weights one decode step reads, and
+the attention shape that sizes the KV cache — and nothing else::
+
+    from perfsdk.model import ModelSpec
+
+    spec = ModelSpec.named("llama-3-8b")                          # known table, bf16
+    spec = ModelSpec.from_hf_config(hf_config, dtype="bfloat16")  # a transformers config or its dict
+    spec = ModelSpec.from_module(model, layers=32, heads=32, kv_heads=8, head_dim=128)  # count a torch module
+    spec = ModelSpec.from_params(7e9, bytes_per_param=2)          # only a size: decode floor without KV
+
+    spec.kv_bytes_per_token     # 131_072 for Llama-3-8B in BF16
+    spec.with_tp(4)             # the share of one GPU of four, tensor-parallel
+
+Conventions (they are what the seeds and the MBU literature use):
+
+* ``weight_bytes`` counts *every* stored weight, embedding table included:
+  "every token must read all the weights once". For Llama-3-8B the input
+  embedding is 6.5 % of it; decode actually reads only the rows it looks up.
+* ``params`` (for FLOPs, 2 per parameter per token) leaves out an *untied*
+  input embedding, because a lookup does no arithmetic; a tied embedding is
+  also the LM head and counts once.
+* Mixture of experts: ``params`` and ``weight_bytes`` count the *active*
+  parameters (shared weights plus ``num_experts_per_tok`` experts per layer).
+  FLOPs are then exact; bytes are exact at batch 1 and a lower bound at larger
+  batches, where different tokens pick different experts (``total_params``
+  keeps the full count).
+* Tensor parallelism: :meth:`with_tp` gives per-GPU figures — weights and
+  FLOPs divide by the TP size, KV heads divide too (replicated when there are
+  fewer KV heads than GPUs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from perfsdk.errors import ConfigError, UnknownModelError, suggest
+
+__all__ = ["KNOWN_MODELS", "ModelSpec", "dtype_bytes"]
+
+# bytes per element by dtype name; torch spellings ("torch.bfloat16") are accepted too
+_DTYPE_BYTES: dict[str, float] = {
+    "float32": 4, "fp32": 4, "float": 4, "tf32": 4,
+    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1, "uint8": 1,
+    "int4": 0.5, "fp4": 0.5, "nvfp4": 0.5, "mxfp4": 0.5,
+}
+
+
+def dtype_bytes(dtype: str | Any) -> float:
+    """Bytes per element of a dtype name or torch dtype (``"bfloat16"`` → 2, ``"int4"`` → 0.5)."""
+    key = str(dtype).removeprefix("torch.").lower()
+    try:
+        return _DTYPE_BYTES[key]
+    except KeyError:
+        raise ConfigError(f"dtype: unknown dtype {dtype!r}.{suggest(key, _DTYPE_BYTES)}") from None
+
+
+def _positive(field: str, value: float | None, *, integer: bool = False) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{field}: expected a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{field}: must be a positive number, got {value!r}")
+    if integer and int(value) != value:
+        raise ConfigError(f"{field}: must be a whole number, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """The sizes of a model that set its decode and prefill floors (see the module docstring)."""
+
+    params: float
+    """Parameters that do arithmetic for each token (FLOPs = 2 × params × tokens)."""
+    weight_bytes: float
+    """Bytes of weights read by one decode step (all GPUs together unless ``tp`` > 1 via :meth:`with_tp`)."""
+    layers: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    kv_bytes: float = 2.0
+    """Bytes per element of the KV cache (2 for bf16/fp16, 1 for fp8)."""
+    tp: int = 1
+    """Tensor-parallel size these figures are per GPU of (1: the whole model)."""
+    name: str = ""
+    dtype: str = "bfloat16"
+    total_params: float | None = None
+    """All parameters (differs from ``params`` for MoE and untied embeddings)."""
+
+    def __post_init__(self) -> None:
+        _positive("params", self.params)
+        _positive("weight_bytes", self.weight_bytes)
+        for f in ("layers", "heads", "kv_heads", "head_dim", "tp"):
+            _positive(f, getattr(self, f), integer=True)
+        _positive("kv_bytes", self.kv_bytes)
+        _positive("total_params", self.total_params)
+        if self.heads is not None and self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ConfigError(
+                f"kv_heads: {self.kv_heads} KV heads do not divide {self.heads} attention heads "
+                "(grouped-query attention needs heads to be a multiple of kv_heads)"
+            )
+
+    # ---- construction -------------------------------------------------
+    @classmethod
+    def from_params(
+        cls,
+        params: float,
+        bytes_per_param: float = 2.0,
+        *,
+        layers: int | None = None,
+        heads: int | None = None,
+        kv_heads: int | None = None,
+        head_dim: int | None = None,
+        kv_bytes: float = 2.0,
+        name: str = "",
+    ) -> ModelSpec:
+        """A dense model known by its parameter count: weights read = params × bytes per param."""
+        _positive("params", params)
+        _positive("bytes_per_param", bytes_per_param)
+        return cls(
+            params=float(params),
+            weight_bytes=float(params) * bytes_per_param,
+            layers=layers,
+            heads=heads,
+            kv_heads=kv_heads if kv_heads is not None else heads,
+            head_dim=head_dim,
+            kv_bytes=kv_bytes,
+            name=name,
+            dtype=_dtype_for_bytes(bytes_per_param),
+            total_params=float(params),
+        )
+
+    @classmethod
+    def named(cls, name: str, dtype: str = "bfloat16", *, kv_dtype: str | None = None) -> ModelSpec:
+        """A model from :data:`KNOWN_MODELS` (``"llama-3-8b"``, ``"mistral-7b"``, …)."""
+        key = name.strip().lower().replace("_", "-").replace(" ", "-")
+        key = _MODEL_ALIASES.get(key, key)
+        if key not in KNOWN_MODELS:
+            raise UnknownModelError(
+                f"model: unknown model {name!r}.{suggest(key, KNOWN_MODELS)} Known: {', '.join(sorted(KNOWN_MODELS))}. "
+                "Or pass the sizes: ModelSpec.from_hf_config(config) / --params --layers --kv-heads --head-dim."
+            )
+        spec = cls.from_hf_config(KNOWN_MODELS[key], dtype=dtype, kv_dtype=kv_dtype)
+        return dataclasses.replace(spec, name=key)
+
+    @classmethod
+    def from_hf_config(
+        cls, config: Mapping[str, Any] | Any, dtype: str | None = None, *, kv_dtype: str | None = None
+    ) -> ModelSpec:
+        """Sizes from a Hugging Face config (a ``transformers`` config object or its ``to_dict()``).
+
+        Handles Llama, Mistral, Qwen2/Qwen3, Gemma/Gemma2 and GPT-NeoX layouts, and the Mixtral and
+        Qwen-MoE mixture-of-experts layouts (active parameters; see the module docstring). ``dtype``
+        defaults to the config's ``torch_dtype`` (or ``dtype``), else bfloat16; ``kv_dtype`` to ``dtype``.
+        """
+        cfg = _as_dict(config)
+        text_cfg = cfg.get("text_config")
+        if isinstance(text_cfg, Mapping) and "hidden_size" not in cfg:
+            cfg = {**cfg, **text_cfg}  # multimodal wrappers keep the language model's sizes here
+        model_type = str(cfg.get("model_type", "llama"))
+
+        def need(*keys: str) -> Any:
+            for k in keys:
+                if cfg.get(k) is not None:
+                    return cfg[k]
+            raise ConfigError(
+                f"HF config ({model_type}) is missing the field {keys[0]!r}"
+                + (f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else "")
+            )
+
+        hidden = int(need("hidden_size", "d_model", "n_embd"))
+        layers = int(need("num_hidden_layers", "n_layer", "num_layers"))
+        heads = int(need("num_attention_heads", "n_head"))
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        vocab = int(need("vocab_size"))
+        if cfg.get("head_dim") is not None:
+            head_dim = int(cfg["head_dim"])
+        else:
+            if hidden % heads:
+                raise ConfigError(
+                    f"HF config: hidden_size {hidden} is not divisible by num_attention_heads {heads}; give head_dim"
+                )
+            head_dim = hidden // heads
+        for f, v in (("hidden_size", hidden), ("num_hidden_layers", layers), ("num_attention_heads", heads),
+                     ("num_key_value_heads", kv_heads), ("vocab_size", vocab), ("head_dim", head_dim)):
+            _positive(f"HF config {f}", v, integer=True)
+        if heads % kv_heads:
+            raise ConfigError(f"HF config: num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
+
+        q_out, kv_out = heads * head_dim, kv_heads * head_dim
+        neox = model_type in ("gpt_neox", "gpt-neox")
+        attn_bias = neox or bool(cfg.get("attention_bias")) or model_type in ("qwen2", "qwen2_moe")
+        attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
+        if attn_bias:
+            attn += q_out + 2 * kv_out + (hidden if neox else 0)
+
+        inter = int(need("intermediate_size")) if not neox else int(cfg.get("intermediate_size") or 4 * hidden)
+        if neox:  # two-matrix GELU MLP with biases
+            dense_mlp = 2 * hidden * inter + inter + hidden
+        else:     # gated (SwiGLU / GeGLU): gate, up, down
+            dense_mlp = 3 * hidden * inter
+        norms_per_layer = 2 * hidden * (2 if neox else 1)  # LayerNorm has a bias, RMSNorm not
+        if model_type.startswith("gemma2") or model_type.startswith("gemma3"):
+            norms_per_layer = 4 * hidden  # pre/post norms around attention and MLP
+
+        experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+        active_mlp = total_mlp = dense_mlp
+        if experts:
+            k = int(need("num_experts_per_tok"))
+            moe_inter = int(cfg.get("moe_intermediate_size") or inter)
+            expert = 3 * hidden * moe_inter
+            shared_inter = int(cfg.get("shared_expert_intermediate_size") or 0)
+            shared = 3 * hidden * shared_inter + (hidden if shared_inter else 0)  # + shared-expert gate
+            router = hidden * int(experts)
+            total_mlp = int(experts) * expert + shared + router
+            active_mlp = k * expert + shared + router
+
+        per_layer_total = attn + total_mlp + norms_per_layer
+        per_layer_active = attn + active_mlp + norms_per_layer
+        tied = bool(cfg.get("tie_word_embeddings", not neox and model_type.startswith("gemma")))
+        embed = vocab * hidden
+        head = 0 if tied else vocab * hidden
+        final_norm = hidden * (2 if neox else 1)
+        total = layers * per_layer_total + embed + head + final_norm
+        stored_active = layers * per_layer_active + embed + head + final_norm
+        flops_params = stored_active - (0 if tied else embed)
+
+        dt = str(dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
+        wbytes = dtype_bytes(dt)
+        kvb = dtype_bytes(kv_dtype) if kv_dtype else wbytes
+        return cls(
+            params=float(flops_params),
+            weight_bytes=float(stored_active) * wbytes,
+            layers=layers,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            kv_bytes=kvb,
+            name=str(cfg.get("_name_or_path") or cfg.get("name") or model_type),
+            dtype=dt,
+            total_params=float(total),
+        )
+
+    @classmethod
+    def from_module(
+        cls,
+        module: Any,
+        *,
+        layers: int | None = None,
+        heads: int | None = None,
+        kv_heads: int | None = None,
+        head_dim: int | None = None,
+        kv_bytes: float | None = None,
+        name: str = "",
+        exclude_embedding: bool = True,
+    ) -> ModelSpec:
+        """Count a torch module's parameters and their bytes (each tensor at its own dtype).
+
+        Attention sizes are taken from the arguments, else from ``module.config`` when it has one (a
+        ``transformers`` model). An ``nn.Embedding`` whose weight is not shared with another layer is
+        left out of ``params`` (a lookup does no arithmetic) but kept in ``weight_bytes``.
+        """
+        seen: set[int] = set()
+        total = nbytes = 0
+        dtypes: dict[str, int] = {}
+        for p in module.parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            n = int(p.numel())
+            total += n
+            nbytes += n * int(p.element_size())
+            dtypes[str(p.dtype)] = dtypes.get(str(p.dtype), 0) + n
+        for b in module.buffers():  # quantised weights often live in buffers
+            if b.dtype.is_floating_point or str(b.dtype) in ("torch.int8", "torch.uint8"):
+                if str(b.dtype) in ("torch.int8", "torch.uint8"):
+                    nbytes += int(b.numel()) * int(b.element_size())
+        if total == 0:
+            raise ConfigError("module: it has no parameters to count")
+        lookup = 0
+        if exclude_embedding:
+            shared_ids = _shared_weight_ids(module)
+            for m in module.modules():
+                if type(m).__name__ == "Embedding" and id(m.weight) not in shared_ids:
+                    lookup += int(m.weight.numel())
+        cfg = getattr(module, "config", None)
+        if cfg is not None and layers is None:
+            from_cfg = cls.from_hf_config(cfg)
+            layers, heads = from_cfg.layers, from_cfg.heads
+            kv_heads, head_dim = from_cfg.kv_heads, from_cfg.head_dim
+        main_dtype = max(dtypes, key=lambda d: dtypes[d]).removeprefix("torch.")
+        return cls(
+            params=float(total - lookup),
+            weight_bytes=float(nbytes),
+            layers=layers,
+            heads=heads,
+            kv_heads=kv_heads if kv_heads is not None else heads,
+            head_dim=head_dim,
+            kv_bytes=kv_bytes if kv_bytes is not None else dtype_bytes(main_dtype),
+            name=name or type(module).__name__,
+            dtype=main_dtype,
+            total_params=float(total),
+        )
+
+    # ---- derived ------------------------------------------------------
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV-cache bytes one token occupies on one GPU: ``2 × layers × kv_heads × head_dim × kv_bytes``."""
+        if self.layers is None or self.kv_heads is None or self.head_dim is None:
+            raise ConfigError(
+                f"model {self.name or '(unnamed)'}: the KV cache size needs layers, kv_heads and head_dim"
+            )
+        kv_heads_here = max(self.kv_heads // self.tp, 1)  # fewer KV heads than GPUs: replicated
+        return 2.0 * self.layers * kv_heads_here * self.head_dim * self.kv_bytes
+
+    @property
+    def has_attention_shape(self) -> bool:
+        return None not in (self.layers, self.heads, self.kv_heads, self.head_dim)
+
+    def with_tp(self, tp: int) -> ModelSpec:
+        """The per-GPU share of this model split over ``tp`` GPUs with tensor parallelism."""
+        _positive("tp", tp, integer=True)
+        if self.tp != 1:
+            raise ConfigError(f"tp: this spec is already per GPU of tp={self.tp}")
+        if self.heads is not None and self.heads % tp:
+            raise ConfigError(f"tp: {tp} GPUs do not divide {self.heads} attention heads")
+        return dataclasses.replace(self, params=self.params / tp, weight_bytes=self.weight_bytes / tp, tp=tp)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _dtype_for_bytes(b: float) -> str:
+    return {4: "float32", 2: "bfloat16", 1: "int8", 0.5: "int4"}.get(b, f"{b}-byte")
+
+
+def _as_dict(config: Mapping[str, Any] | Any) -> dict[str, Any]:
+    if isinstance(config, Mapping):
+        return dict(config)
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        d = to_dict()
+        if isinstance(d, Mapping):
+            return dict(d)
+    if hasattr(config, "__dict__"):
+        return dict(vars(config))
+    raise ConfigError(f"HF config: expected a dict or a transformers config, got {type(config).__name__}")
+
+
+def _shared_weight_ids(module: Any) -> set[int]:
+    """Parameters that appear under more than one name (tied embedding and LM head)."""
+    counts: dict[int, int] = {}
+    for _, p in module.named_parameters(remove_duplicate=False):
+        counts[id(p)] = counts.get(id(p), 0) + 1
+    return {k for k, c in counts.items() if c > 1}
+
+
+def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, **extra: Any) -> dict[str, Any]:
+    return {"model_type": "llama", "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab,
+            "tie_word_embeddings": False, **extra}
+
+
+# Sizes from each model's published config.json (Hugging Face hub), so the parameter counts are
+# derived, not typed: llama-2-7b → 6.74 B, llama-3-8b → 8.03 B, llama-3-70b → 70.6 B.
+KNOWN_MODELS: dict[str, dict[str, Any]] = {
+    "llama-2-7b": _llama(4096, 11008, 32, 32, 32, 32000),
+    "llama-2-13b": _llama(5120, 13824, 40, 40, 40, 32000),
+    "llama-2-70b": _llama(8192, 28672, 80, 64, 8, 32000),
+    "llama-3-8b": _llama(4096, 14336, 32, 32, 8, 128256),
+    "llama-3-70b": _llama(8192, 28672, 80, 64, 8, 128256),
+    "llama-3.1-405b": _llama(16384, 53248, 126, 128, 8, 128256),
+    "llama-3.2-1b": _llama(2048, 8192, 16, 32, 8, 128256, tie_word_embeddings=True, head_dim=64),
+    "tinyllama-1.1b": _llama(2048, 5632, 22, 32, 4, 32000),
+    "mistral-7b": {**_llama(4096, 14336, 32, 32, 8, 32000), "model_type": "mistral"},
+    "mixtral-8x7b": {**_llama(4096, 14336, 32, 32, 8, 32000), "model_type": "mixtral",
+                     "num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen2.5-7b": {**_llama(3584, 18944, 28, 28, 4, 152064), "model_type": "qwen2"},
+    "qwen2.5-72b": {**_llama(8192, 29568, 80, 64, 8, 152064), "model_type": "qwen2"},
+    "gemma-2-9b": {**_llama(3584, 14336, 42, 16, 8, 256000, head_dim=256, tie_word_embeddings=True),
+                   "model_type": "gemma2"},
+}
+
+_MODEL_ALIASES: dict[str, str] = {
+    "llama2-7b": "llama-2-7b", "llama-7b": "llama-2-7b", "llama3-8b": "llama-3-8b",
+    "llama-3.1-8b": "llama-3-8b", "llama3-70b": "llama-3-70b", "llama-3.1-70b": "llama-3-70b",
+    "llama-3.3-70b": "llama-3-70b", "mistral-7b-v0.1": "mistral-7b", "qwen2.5-72b-instruct": "qwen2.5-72b",
+}

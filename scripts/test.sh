@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): installs what it needs, then lint, types, tests.
+#   bash scripts/test.sh            # everything
+#   bash scripts/test.sh -k budget  # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/_env.sh
+
+# Debian's Prometheus server and promtool: the tests scrape the demo with the real thing.
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "== installing prometheus (Debian package)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+  else
+    echo "== prometheus/promtool not found and cannot apt-get: those tests will be skipped" >&2
+  fi
+fi
+
+perfsdk_venv "dev,demo,otel,nvtx,bench"
+
+echo "== ruff"
+"$PY" -m ruff check .
+echo "== mypy"
+"$PY" -m mypy
+echo "== pytest"
+set +e
+"$PY" -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" = 5 ]; then
+  echo "pytest collected no tests: that is a failure here" >&2
+  exit 1
+fi
+exit "$rc"

@@ -1,0 +1,64 @@
+"""`perfsdk floor` end to end, through the real argument parser."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from perfsdk.cli import main
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, float]:
+    assert main(["floor", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+def test_seed_8b_example(capsys: pytest.CaptureFixture[str]) -> None:
+    r = run_json(capsys, "--params", "8e9", "--bytes-per-param", "2", "--layers", "32", "--heads", "32",
+                 "--kv-heads", "8", "--head-dim", "128", "--ctx", "4096", "--batch", "1", "--prompt-tokens", "2048",
+                 "--bandwidth-tb-s", "3.35", "--tflops", "989", "--measured-ms", "9.8")
+    assert r["kv_bytes_per_token"] == 131_072
+    assert r["decode_floor_ms"] == pytest.approx(4.94, abs=0.01)
+    assert r["prefill_floor_no_attention_ms"] == pytest.approx(33.1, abs=0.1)
+    assert r["prefill_floor_ms"] == pytest.approx(34.2, abs=0.1)
+    assert r["mbu"] == pytest.approx(0.50, abs=0.01)
+    for key in ("decode_tokens_per_s", "decode_step_bytes", "weight_bytes", "prefill_flops"):
+        assert key in r
+
+
+def test_named_model_and_suffix_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    r = run_json(capsys, "--params", "7B", "--bandwidth-tb-s", "2", "--measured-ms", str(1000 / 25.5))
+    assert r["decode_tokens_per_s"] == pytest.approx(1e12 * 2 / 14e9, rel=1e-6)
+    r = run_json(capsys, "--model", "llama-2-7b", "--bytes-per-param", "1", "--bandwidth-tb-s", "2")
+    assert r["decode_tokens_per_s"] == pytest.approx(296, abs=1.5)
+
+
+def test_human_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["floor", "--params", "8B", "--layers", "32", "--heads", "32", "--kv-heads", "8", "--head-dim",
+                 "128", "--ctx", "4096", "--bandwidth-tb-s", "3.35", "--tflops", "989", "--measured-ms", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "decode floor" in out and "MBU" in out and "82." in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--params", "8B"], "gpu: give --gpu"),
+        (["--bandwidth-tb-s", "2"], "params: give --model"),
+        (["--params", "8B", "--bandwidth-tb-s", "2", "--ctx", "100"], "ctx: the KV-cache term needs"),
+        (["--model", "llama-3-8b", "--bandwidth-tb-s", "2", "--kv-heads", "5"], "kv_heads"),
+        (["--model", "lama-3-8b", "--bandwidth-tb-s", "2"], "Did you mean"),
+        (["--params", "8B", "--bandwidth-tb-s", "2", "--batch", "0"], "batch"),
+        (["--params", "8B", "--bandwidth-tb-s", "2", "--measured-ms", "0"], "measured-ms"),
+    ],
+)
+def test_errors_name_the_problem(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    assert main(["floor", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_count_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["floor", "--params", "eight", "--bandwidth-tb-s", "2"])
+    assert "not a count" in capsys.readouterr().err
