@@ -102,15 +102,14 @@ async def send_request(
     record.start = st - (t0 if t0 is not None else st)
     state = _State(st)
     try:
-        await asyncio.wait_for(_stream(session, url, payload, record, st, state, headers), timeout_s)
+        await asyncio.wait_for(
+            _stream(session, url, payload, record, state=state, headers=headers), timeout_s
+        )
     except _StreamFailure as e:
         record.fail(e.reason, e.detail)
     except TimeoutError:
-        record.fail(
-            TIMEOUT,
-            f"no complete response within {timeout_s:g} s "
-            f"({'after ' + str(record.chunks) + ' chunks' if state.headers else 'before the response headers'})",
-        )
+        where = f"after {record.chunks} text chunks" if state.headers else "before the response headers"
+        record.fail(TIMEOUT, f"no complete response within {timeout_s:g} s ({where})")
     except asyncio.CancelledError:
         record.fail(CANCELLED, "the benchmark was cancelled while this request was running")
         record.stream_end = time.perf_counter() - st
@@ -148,10 +147,11 @@ async def _stream(
     url: str,
     payload: Mapping[str, Any],
     record: RequestRecord,
-    st: float,
+    *,
     state: _State,
     headers: Mapping[str, str] | None,
 ) -> None:
+    st = state.st
     async with session.post(url, json=dict(payload), headers=dict(headers or {})) as resp:
         state.headers = True
         record.http_status = resp.status
@@ -164,7 +164,8 @@ async def _stream(
         if "event-stream" not in ctype:
             body = await resp.text(errors="replace")
             raise _StreamFailure(
-                NOT_EVENT_STREAM, f"expected text/event-stream, got {ctype or 'no Content-Type'}: {_clip(body)}"
+                NOT_EVENT_STREAM,
+                f"expected text/event-stream, got {ctype or 'no Content-Type'}: {_clip(body)}",
             )
         data_lines: list[str] = []
         async for raw in resp.content:

@@ -64,7 +64,7 @@ class LengthSpec:
 
     @classmethod
     def parse(cls, text: str | int | LengthSpec, *, field: str = "length") -> LengthSpec:
-        """Parse ``"128"``, ``"uniform:64-256"`` or ``"normal:128,32"``; *field* names the option in errors."""
+        """Parse ``"128"``, ``"uniform:64-256"`` or ``"normal:128,32"``; *field* names the option."""
         if isinstance(text, LengthSpec):
             return text
         if isinstance(text, bool):  # bool is an int; True tokens is certainly a mistake

@@ -1,0 +1,121 @@
+"""``perfsdk bench serve`` and ``perfsdk bench compare``.
+
+::
+
+    perfsdk bench serve --base-url http://127.0.0.1:8000 --model tiny \\
+        --endpoint chat --num-prompts 200 --request-rate 8 --burstiness 1 \\
+        --max-concurrency 32 --input-len uniform:64-256 --output-len 128 \\
+        --seed 0 --warmup 8 --goodput ttft:500 tpot:50 --percentiles 90 99 \\
+        --timeout 60 --save-result run.json --plot run.png
+    perfsdk bench compare before.json after.json
+
+``serve`` prints the summary table and exits 0, even when some requests
+failed (failures are counted and shown with their reasons); it exits 1 only
+when every request failed, so that a script notices a dead server. ``compare``
+prints the delta table and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from perfsdk.errors import ConfigError
+
+__all__ = ["register"]
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of requests/s or 'inf', got {text!r}") from None
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    bench = sub.add_parser("bench", help="load-test an OpenAI-compatible server and compare runs")
+    bsub = bench.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+    bench.set_defaults(func=lambda _args: (bench.print_help(), 2)[1])
+
+    s = bsub.add_parser(
+        "serve",
+        help="stream requests at a chosen rate and report TTFT, TPOT, ITL, throughput and goodput",
+        description="Streaming load generator for any OpenAI-compatible server.",
+    )
+    s.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    s.add_argument("--model", required=True, help="model name as the server knows it")
+    s.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    s.add_argument("--num-prompts", type=int, default=100, help="measured requests (default 100)")
+    s.add_argument("--request-rate", type=_rate, default=math.inf, help="requests/s; 'inf' sends all at once")
+    s.add_argument("--burstiness", type=float, default=1.0, help="1 = Poisson; <1 burstier; >1 more regular")
+    s.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
+    s.add_argument("--input-len", default="128", help="N, uniform:A-B or normal:MEAN,STD (tokens)")
+    s.add_argument("--output-len", default="128", help="N, uniform:A-B or normal:MEAN,STD (tokens)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--warmup", type=int, default=0, help="extra requests sent first and left out of results")
+    s.add_argument("--ignore-eos", action="store_true", help="ask for exactly --output-len tokens")
+    s.add_argument(
+        "--goodput", nargs="+", metavar="NAME:MS", default=None, help="SLOs, e.g. ttft:500 tpot:50 e2el:5000"
+    )
+    s.add_argument("--percentiles", nargs="+", type=float, default=[99.0], help="default: 99")
+    s.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--api-key", default=None, help="sent as a Bearer token; never saved")
+    s.add_argument(
+        "--save-result", metavar="PATH", default=None, help="write config, records, summary as JSON"
+    )
+    s.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of latencies and tokens/s")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.set_defaults(func=_serve)
+
+    c = bsub.add_parser("compare", help="print the deltas between two saved runs")
+    c.add_argument("a", metavar="A.json")
+    c.add_argument("b", metavar="B.json")
+    c.set_defaults(func=_compare)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from perfsdk.bench.config import BenchConfig, parse_goodput  # noqa: PLC0415  (keeps `perfsdk` startup cheap)
+    from perfsdk.bench.run import benchmark  # noqa: PLC0415
+
+    config = BenchConfig(
+        base_url=args.base_url,
+        model=args.model,
+        endpoint=args.endpoint,
+        num_prompts=args.num_prompts,
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        seed=args.seed,
+        warmup=args.warmup,
+        ignore_eos=args.ignore_eos,
+        goodput=parse_goodput(args.goodput),
+        percentiles=tuple(args.percentiles),
+        timeout_s=args.timeout,
+        temperature=args.temperature,
+        api_key=args.api_key,
+        save_result=args.save_result,
+        plot=args.plot,
+        progress=not args.no_progress,
+    )
+    result = benchmark(config)
+    print(result.format())
+    if args.save_result:
+        print(f"saved {args.save_result}")
+    if args.plot:
+        print(f"plotted {args.plot}")
+    return 1 if result.summary["completed"] == 0 else 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from perfsdk.bench.compare import compare_results, config_diff, format_comparison  # noqa: PLC0415
+    from perfsdk.bench.result import BenchResult  # noqa: PLC0415
+
+    a, b = BenchResult.load(args.a), BenchResult.load(args.b)
+    if not a.summary or not b.summary:
+        raise ConfigError("compare: both files need a summary")
+    print(format_comparison(compare_results(a, b), config_diff(a, b), names=("A", "B")))
+    return 0

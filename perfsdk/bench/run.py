@@ -1,0 +1,155 @@
+"""Run a benchmark: :func:`run_benchmark` (async) and :func:`benchmark` (sync).
+
+::
+
+    from perfsdk.bench import BenchConfig, benchmark
+
+    result = benchmark(BenchConfig(base_url="http://127.0.0.1:8000", model="tiny",
+                                   num_prompts=50, request_rate=4.0, seed=0), progress=False)
+    print(result.format())
+    result.summary["tpot_ms"]["median"]
+
+What happens:
+
+1. Lengths and prompts are drawn from ``seed`` (one stream for lengths, one
+   for arrivals), so two runs with the same seed send the same requests at the
+   same offsets.
+2. ``warmup`` extra requests are sent first, all at once (capped by
+   ``max_concurrency``); they are kept in ``result.warmup_records`` and left
+   out of every statistic.
+3. The measured requests are sent on the arrival schedule (see
+   ``arrivals.py``); with ``max_concurrency`` a request waits for a free slot
+   and its wait shows up as ``send_lag_ms``. TTFT is timed from the actual send.
+4. Every request ends as a success or a counted failure; only cancellation of
+   the benchmark itself propagates.
+5. ``config.save_result`` and ``config.plot``, when set, are written at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from perfsdk.bench.arrivals import arrival_offsets
+from perfsdk.bench.client import build_payload, send_request
+from perfsdk.bench.config import BenchConfig
+from perfsdk.bench.prompts import synthetic_prompt
+from perfsdk.bench.records import RequestRecord
+from perfsdk.bench.report import summarize
+from perfsdk.bench.result import BenchResult, environment
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["benchmark", "run_benchmark"]
+
+
+async def run_benchmark(config: BenchConfig, *, progress: bool | None = None) -> BenchResult:
+    """Run *config* against its server; *progress* overrides ``config.progress``."""
+    import aiohttp  # noqa: PLC0415  (optional dependency, imported at the point of use)
+
+    show_progress = config.progress if progress is None else progress
+    env = environment()
+    n_warm, n = config.warmup, config.num_prompts
+    rng = random.Random(f"perfsdk.bench.lengths:{config.seed}")
+    in_lens = config.input_spec.sample(rng, n_warm + n)
+    out_lens = config.output_spec.sample(rng, n_warm + n)
+    prompt_rng = random.Random(f"perfsdk.bench.prompts:{config.seed}")
+    prompts = [synthetic_prompt(in_lens[i], prompt_rng, index=i) for i in range(n_warm + n)]
+    offsets = arrival_offsets(n, rate=config.request_rate, burstiness=config.burstiness, seed=config.seed)
+
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
+    # no connection cap beyond max_concurrency: the semaphore, not the pool, decides who waits
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeout_s)
+
+    async def one(i: int, rec: RequestRecord, t0: float, session: aiohttp.ClientSession) -> RequestRecord:
+        payload = build_payload(
+            config.endpoint,
+            model=config.model,
+            prompt=prompts[i],
+            max_tokens=out_lens[i],
+            ignore_eos=config.ignore_eos,
+            temperature=config.temperature,
+        )
+        if slots is None:
+            return await send_request(session, config.url, payload, rec, timeout_s=config.timeout_s, t0=t0)
+        async with slots:
+            return await send_request(session, config.url, payload, rec, timeout_s=config.timeout_s, t0=t0)
+
+    def new_record(i: int, warm: bool, scheduled: float) -> RequestRecord:
+        return RequestRecord(
+            index=i, warmup=warm, prompt_len=in_lens[i], max_tokens=out_lens[i], scheduled=scheduled
+        )
+
+    bar = _progress_bar(n, show_progress)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+        warm_records = [new_record(i, True, 0.0) for i in range(n_warm)]
+        if warm_records:
+            t_warm = time.perf_counter()
+            await asyncio.gather(*(one(r.index, r, t_warm, session) for r in warm_records))
+
+        records = [new_record(n_warm + k, False, offsets[k]) for k in range(n)]
+        tasks: list[asyncio.Task[RequestRecord]] = []
+        failed = 0
+
+        def on_done(task: asyncio.Task[RequestRecord]) -> None:
+            nonlocal failed
+            if bar is None or task.cancelled() or task.exception() is not None:
+                return
+            if not task.result().ok:
+                failed += 1
+                bar.set_postfix(failed=failed, refresh=False)
+            bar.update(1)
+
+        t0 = time.perf_counter()
+        try:
+            for rec in records:
+                delay = t0 + rec.scheduled - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                task = asyncio.create_task(one(rec.index, rec, t0, session))
+                task.add_done_callback(on_done)
+                tasks.append(task)
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()  # no-op for finished tasks; frees connections if we are being cancelled
+            if bar is not None:
+                bar.close()
+        duration = time.perf_counter() - t0
+
+    summary = summarize(records, duration_s=duration, percentiles=config.percentiles, goodput=config.goodput)
+    result = BenchResult(
+        config=config.to_dict(),
+        summary=summary,
+        records=records,
+        warmup_records=warm_records,
+        environment=env,
+    )
+    if config.save_result:
+        result.save(config.save_result)
+    if config.plot:
+        from perfsdk.bench.plot import plot_result  # noqa: PLC0415  (matplotlib only when asked)
+
+        plot_result(result, config.plot)
+    return result
+
+
+def benchmark(config: BenchConfig, *, progress: bool | None = None) -> BenchResult:
+    """Blocking form of :func:`run_benchmark`, for scripts and tests (not inside a running loop)."""
+    return asyncio.run(run_benchmark(config, progress=progress))
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm  # noqa: PLC0415  (optional dependency)
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="req", desc="bench", file=sys.stderr, dynamic_ncols=True)
