@@ -1,0 +1,344 @@
+"""The demo's OpenAI-compatible HTTP server: FastAPI on uvicorn, on loopback.
+
+::
+
+    from perfsdk.demo.server import DemoServer, create_app
+
+    app = create_app(engine, monitor, model_name="demo-tiny")
+    with DemoServer(app, port=0) as server:          # 0: an ephemeral port
+        print(server.base_url)                        # http://127.0.0.1:54321
+
+Routes (the subset of the OpenAI API that load generators and engines' benchmarks use):
+
+- ``POST /v1/completions`` and ``POST /v1/chat/completions``: ``stream: true`` answers with
+  Server-Sent Events, one ``data: {json}`` chunk per generated token, a chunk carrying
+  ``finish_reason``, a last chunk with ``usage`` (always sent: it is cheap and lets a client check its
+  own count), then ``data: [DONE]``. Without ``stream`` the answer is one JSON object. Accepted
+  fields: ``prompt`` / ``messages``, ``max_tokens`` (chat: also ``max_completion_tokens``),
+  ``temperature`` (default 1.0, 0 is greedy), ``seed`` and the vLLM extension ``ignore_eos``.
+- ``GET /v1/models``, ``GET /health``;
+- ``GET /metrics``: the monitor's Prometheus registry in the text exposition format.
+
+A client that disconnects mid-stream cancels its request: Starlette cancels the streaming task, the
+generator's ``finally`` calls :meth:`GenerationHandle.cancel` and the engine frees the slot before
+its next step. Invalid requests get HTTP 400 with an OpenAI-style ``{"error": {...}}`` body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from perfsdk.demo.engine import Engine, GenerationHandle, SamplingParams
+from perfsdk.demo.tokenizer import ByteTokenizer
+from perfsdk.errors import ConfigError
+
+__all__ = ["DemoServer", "create_app"]
+
+log = logging.getLogger(__name__)
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+
+
+def _error(message: str, *, param: str | None = None, status: int = 400) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(body, status_code=status)
+
+
+def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _BadRequest(f"{name} must be an integer, got {value!r}", name)
+    return value
+
+
+def _sampling(body: dict[str, Any], *, chat: bool) -> SamplingParams:
+    max_tokens = _int_field(body, "max_completion_tokens", None) if chat else None
+    if max_tokens is None:
+        max_tokens = _int_field(body, "max_tokens", 16)
+    temperature = body.get("temperature", 1.0)
+    if temperature is None:
+        temperature = 1.0
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+        raise _BadRequest(f"temperature must be a number, got {temperature!r}", "temperature")
+    seed = _int_field(body, "seed", None)
+    n = _int_field(body, "n", 1)
+    if n != 1:
+        raise _BadRequest("only n=1 is supported by the demo server", "n")
+    try:
+        return SamplingParams(
+            max_tokens=16 if max_tokens is None else max_tokens,
+            temperature=float(temperature),
+            seed=seed,
+            ignore_eos=bool(body.get("ignore_eos", False)),
+        )
+    except ConfigError as e:
+        raise _BadRequest(str(e), str(e).split(" ", 1)[0]) from None
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise _BadRequest("prompt must be a string (or a list of one string)", "prompt")
+    return prompt
+
+
+def _chat_text(body: dict[str, Any], tokenizer: ByteTokenizer) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _BadRequest("messages must be a non-empty list", "messages")
+    turns: list[tuple[str, str]] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _BadRequest(f"messages[{i}] must be an object with a role", "messages")
+        content = m.get("content", "")
+        if isinstance(content, list):  # content parts: keep the text ones
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if not isinstance(content, str):
+            raise _BadRequest(f"messages[{i}].content must be a string or a list of parts", "messages")
+        turns.append((m["role"], content))
+    return tokenizer.apply_chat_template(turns)
+
+
+def create_app(
+    engine: Engine,
+    monitor: Any = None,
+    *,
+    model_name: str = "demo-tiny",
+    tokenizer: ByteTokenizer | None = None,
+) -> FastAPI:
+    """The FastAPI application serving *engine*; ``/metrics`` exports ``monitor.registry``."""
+    tok = tokenizer or ByteTokenizer()
+    app = FastAPI(title="perfsdk demo", version="1", docs_url=None, redoc_url=None, openapi_url=None)
+    created = int(time.time())
+    registry = getattr(monitor, "registry", None)
+
+    async def read_body(request: Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise _BadRequest("the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise _BadRequest("the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != model_name:
+            raise _BadRequest(
+                f"The model `{model}` does not exist; this server has `{model_name}`.", "model", 404
+            )
+        return body
+
+    def submit(text: str, params: SamplingParams) -> GenerationHandle:
+        try:
+            return engine.submit(tok.encode(text), params)
+        except ConfigError as e:
+            raise _BadRequest(str(e), "max_tokens") from None
+
+    @app.exception_handler(_BadRequest)
+    async def bad_request(_: Request, exc: _BadRequest) -> JSONResponse:
+        return _error(exc.message, param=exc.param, status=exc.status)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model_name, "active_slots": engine.active_slots}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "perfsdk"}
+        return {"object": "list", "data": [{**card, "max_model_len": engine.max_seq}]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest  # noqa: PLC0415
+
+        return Response(generate_latest(registry or CollectorRegistry()), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await read_body(request)
+        handle = submit(_prompt_text(body), _sampling(body, chat=False))
+        return await _respond(handle, body, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await read_body(request)
+        handle = submit(_chat_text(body, tok), _sampling(body, chat=True))
+        return await _respond(handle, body, chat=True)
+
+    async def _respond(handle: GenerationHandle, body: dict[str, Any], *, chat: bool) -> Response:
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
+        if body.get("stream"):
+            stream = _stream_events(handle, tok, rid=rid, model=model_name, chat=chat)
+            return StreamingResponse(stream, media_type="text/event-stream", headers=_SSE_HEADERS)
+        try:
+            async for _ in handle:
+                pass
+        finally:
+            handle.cancel()  # no-op when finished; frees the slot if this handler was cancelled
+        if handle.error:
+            return _error(handle.error, status=500)
+        text = tok.decode(handle.output_ids)
+        reason = handle.finish_reason or "abort"
+        if chat:
+            message = {"role": "assistant", "content": text}
+            choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            obj = "text_completion"
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": obj,
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": [choice],
+                "usage": _usage(handle),
+            }
+        )
+
+    return app
+
+
+def _usage(handle: GenerationHandle) -> dict[str, int]:
+    n = len(handle.output_ids)
+    return {
+        "prompt_tokens": handle.prompt_tokens,
+        "completion_tokens": n,
+        "total_tokens": handle.prompt_tokens + n,
+    }
+
+
+async def _stream_events(
+    handle: GenerationHandle, tok: ByteTokenizer, *, rid: str, model: str, chat: bool
+) -> AsyncIterator[str]:
+    created = int(time.time())
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
+        payload = {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": usage,
+        }
+        return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+    def choice(text: str, reason: str | None, first: bool) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, str] = {"content": text} if text or not reason else {}
+            if first:  # the role rides on the first token so that every content chunk is one token
+                delta["role"] = "assistant"
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+
+    try:
+        first = True
+        async for token_id in handle:
+            yield event([choice(tok.decode_token(token_id), None, first)])
+            first = False
+        if handle.error:
+            yield f"data: {json.dumps({'error': {'message': handle.error, 'type': 'server_error'}})}\n\n"
+        else:
+            yield event([choice("", handle.finish_reason or "abort", first)])
+        yield event([], _usage(handle))
+        yield "data: [DONE]\n\n"
+    finally:
+        # The client went away (Starlette cancelled us) or we are done; either way the slot is freed.
+        handle.cancel()
+
+
+class DemoServer:
+    """Run an ASGI app with uvicorn on a background thread; a context manager.
+
+    ``port=0`` asks the OS for a free port; :attr:`port` and :attr:`base_url` say which one it gave.
+    """
+
+    def __init__(
+        self, app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    ) -> None:
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, got {port}")
+        self.host = host
+        self.requested_port = port
+        self.port = port
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=3,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> DemoServer:
+        self._thread = threading.Thread(target=self._run, name="perfsdk-demo-uvicorn", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise ConfigError(
+                    f"port: cannot listen on {self.host}:{self.requested_port} (in use?); "
+                    "pass --port 0 for a free one"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"the demo server did not start within {timeout} s")
+            time.sleep(0.01)
+        sockets = [s for srv in self._server.servers for s in srv.sockets]
+        if sockets:
+            self.port = int(sockets[0].getsockname()[1])
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._server.run()
+        except SystemExit:  # uvicorn exits when it cannot bind; start() reports that
+            pass
+
+    def serve_forever(self) -> None:
+        """Block until the server stops (Ctrl-C in the main thread raises KeyboardInterrupt)."""
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(0.5)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> DemoServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
