@@ -24,6 +24,7 @@ Times stay in the trace's unit, microseconds (Kineto writes fractional µs).
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -158,6 +159,13 @@ def _event(raw: Mapping[str, Any]) -> Event | None:
     )
 
 
+def _with_flow_correlation(op: Event, flow_finish: Mapping[tuple[str, str, float], int]) -> Event:
+    if op.correlation is not None:
+        return op
+    cid = flow_finish.get((op.pid, op.tid, op.ts))
+    return op if cid is None else dataclasses.replace(op, correlation=cid)
+
+
 def load_trace(source: str | os.PathLike[str] | Iterable[Mapping[str, Any]]) -> Trace:
     """Parse a trace file (``.json`` / ``.json.gz``) or an iterable of event dicts."""
     if isinstance(source, (str, os.PathLike)):
@@ -191,15 +199,7 @@ def load_trace(source: str | os.PathLike[str] | Iterable[Mapping[str, Any]]) -> 
         elif ev.cat in _CPU_OP_CATEGORIES:
             trace.cpu_ops.append(ev)
     if flow_finish:
-        fixed = []
-        for op in trace.gpu_ops:
-            if op.correlation is None:
-                cid = flow_finish.get((op.pid, op.tid, op.ts))
-                if cid is not None:
-                    op = Event(op.name, op.cat, op.ts, op.dur, op.pid, op.tid, cid, op.stream, op.graph_id,
-                               op.nbytes)
-            fixed.append(op)
-        trace.gpu_ops = fixed
+        trace.gpu_ops = [_with_flow_correlation(op, flow_finish) for op in trace.gpu_ops]
     for lst in (trace.gpu_ops, trace.runtime, trace.annotations, trace.cpu_ops):
         lst.sort(key=lambda e: (e.ts, -e.dur))
     for call in trace.runtime:
