@@ -240,7 +240,7 @@ def format_summary(summary: Mapping[str, Any], *, title: str = "Serving Benchmar
         row(f"  {reason}:", count)
         detail = str(examples.get(reason, ""))
         if detail:
-            lines.append(f"      e.g. {detail[: width - 10]}")
+            lines.append(f"      e.g. {detail[:120]}")
     row("Benchmark duration (s):", summary.get("duration_s"))
     row("Total input tokens:", summary.get("total_input_tokens"))
     row("Total generated tokens:", summary.get("total_output_tokens"))

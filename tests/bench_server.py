@@ -1,0 +1,203 @@
+"""A scripted OpenAI-compatible SSE server on loopback, for the bench tests.
+
+It serves ``/v1/completions`` and ``/v1/chat/completions`` from a background
+thread with its own event loop, so a blocking ``benchmark()`` call in the test
+thread can talk to it over real HTTP. Each request's behaviour comes from
+``plan``, indexed by the order in which requests arrive (modulo its length):
+
+``ok``           role chunk (chat), then ``max_tokens`` one-byte tokens, usage, ``[DONE]``
+``http500``      HTTP 500 with a JSON error body
+``malformed``    two good tokens, then ``data: {not json``
+``cut``          two good tokens, then the TCP connection is closed mid-stream
+``no_done``      all tokens and usage, a clean end of the body, but no ``[DONE]``
+``error_event``  one token, then ``data: {"error": {...}}``
+``stall``        one token, then silence until the client goes away (or ``stall_s``)
+
+The server counts requests, the requests in flight (and the maximum), and how
+many clients disconnected while it was still streaming to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["FakeOpenAIServer", "unused_port"]
+
+
+def unused_port() -> int:
+    """A loopback port nobody listens on (bound and released), for the server-down case."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class FakeOpenAIServer:
+    def __init__(
+        self,
+        plan: Sequence[str] = ("ok",),
+        *,
+        token_delay_s: float = 0.002,
+        first_token_delay_s: float = 0.0,
+        stall_s: float = 30.0,
+        send_usage: bool = True,
+    ) -> None:
+        self.plan = list(plan)
+        self.token_delay_s = token_delay_s
+        self.first_token_delay_s = first_token_delay_s
+        self.stall_s = stall_s
+        self.send_usage = send_usage
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.disconnects = 0
+        self.bodies: list[dict[str, Any]] = []
+        self.behaviours: list[str] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> FakeOpenAIServer:
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("fake server did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._runner is not None
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        assert self._thread is not None
+        self._thread.join(10)
+
+    def _serve(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._handle)
+        app.router.add_post("/v1/chat/completions", self._handle)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        self.port = int(self._runner.addresses[0][1])
+        ready.set()
+        loop.run_forever()
+        loop.close()
+
+    def wait_for_disconnects(self, n: int, limit_s: float = 10.0) -> int:
+        """Poll until *n* disconnects were seen (or *limit_s* passed); returns the count."""
+        deadline = time.monotonic() + limit_s
+        while self.disconnects < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.disconnects
+
+    # -- the handler -------------------------------------------------------------------------
+
+    def _leave(self, state: dict[str, bool]) -> None:
+        with self._lock:
+            if not state["left"]:
+                state["left"] = True
+                self.in_flight -= 1
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        chat = request.path.endswith("/chat/completions")
+        with self._lock:
+            behaviour = self.plan[self.requests % len(self.plan)]
+            self.requests += 1
+            self.bodies.append(body)
+            self.behaviours.append(behaviour)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        state = {"left": False}
+        try:
+            return await self._respond(request, body, chat, behaviour, state)
+        except (ConnectionResetError, ConnectionError):
+            with self._lock:
+                self.disconnects += 1
+            raise
+        finally:
+            self._leave(state)
+
+    async def _respond(
+        self, request: web.Request, body: dict[str, Any], chat: bool, behaviour: str, state: dict[str, bool]
+    ) -> web.StreamResponse:
+        if behaviour == "http500":
+            return web.json_response({"error": {"message": "engine exploded", "code": 500}}, status=500)
+        max_tokens = int(body.get("max_tokens", 16))
+        prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+        rid = f"cmpl-{self.requests}"
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+
+        async def send(obj: Any) -> None:
+            data = obj if isinstance(obj, str) else json.dumps(obj)
+            await resp.write(f"data: {data}\n\n".encode())
+
+        def chunk(text: str) -> dict[str, Any]:
+            if chat:
+                choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+                return {"id": rid, "object": "chat.completion.chunk", "choices": [choice]}
+            return {"id": rid, "object": "text_completion", "choices": [{"index": 0, "text": text}]}
+
+        if chat:  # real servers open with a role-only delta; it must not count as the first token
+            await send({"id": rid, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        await asyncio.sleep(self.first_token_delay_s)
+        for i in range(max_tokens):
+            if i:
+                await asyncio.sleep(self.token_delay_s)
+            if behaviour == "malformed" and i == 2:
+                await send("{not json")
+                await self._wait_gone(request, 5.0)
+                return resp
+            if behaviour == "cut" and i == 2:
+                assert request.transport is not None
+                request.transport.close()
+                return resp
+            if behaviour == "error_event" and i == 1:
+                await send({"error": {"message": "KV cache exhausted", "code": 503}})
+                await resp.write_eof()
+                return resp
+            if behaviour == "stall" and i == 1:
+                await self._wait_gone(request, self.stall_s)
+                return resp
+            await send(chunk("ab"[i % 2]))
+        if self.send_usage and (body.get("stream_options") or {}).get("include_usage"):
+            n_prompt = len(prompt.encode())
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": max_tokens}
+            await send({"id": rid, "choices": [], "usage": {**usage, "total_tokens": n_prompt + max_tokens}})
+        # leave before [DONE] so a client that starts its next request on [DONE] never sees us in flight
+        self._leave(state)
+        if behaviour != "no_done":
+            await send("[DONE]")
+        await resp.write_eof()
+        return resp
+
+    async def _wait_gone(self, request: web.Request, limit_s: float) -> None:
+        """Hold the stream open until the client disconnects (counted) or *limit_s* passes."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if request.transport is None or request.transport.is_closing():
+                with self._lock:
+                    self.disconnects += 1
+                return
+            await asyncio.sleep(0.005)
