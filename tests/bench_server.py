@@ -81,7 +81,8 @@ class FakeOpenAIServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._runner is not None
+        assert self._loop is not None
+        assert self._runner is not None
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         assert self._thread is not None

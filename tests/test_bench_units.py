@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
@@ -57,7 +58,7 @@ def test_length_spec_parses(text: str | int, expected: LengthSpec) -> None:
     ],
 )
 def test_length_spec_rejects_bad_text_naming_the_field(text: str) -> None:
-    with pytest.raises(ConfigError, match="^input_len"):
+    with pytest.raises(ConfigError, match=r"^input_len"):
         LengthSpec.parse(text, field="input_len")
 
 
@@ -65,7 +66,8 @@ def test_length_sampling_is_seeded_and_within_bounds() -> None:
     spec = LengthSpec.parse("uniform:10-20")
     a = spec.sample(random.Random(3), 500)
     assert a == spec.sample(random.Random(3), 500)
-    assert min(a) == 10 and max(a) == 20  # both ends reachable in 500 draws
+    assert min(a) == 10
+    assert max(a) == 20
     normal = LengthSpec.parse("normal:100,10").sample(random.Random(0), 4000)
     assert statistics.fmean(normal) == pytest.approx(100, abs=1.0)
     assert statistics.pstdev(normal) == pytest.approx(10, rel=0.1)
@@ -104,7 +106,7 @@ def _cfg(**kw: object) -> BenchConfig:
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
-    with pytest.raises(ConfigError, match=f"^{field}"):
+    with pytest.raises(ConfigError, match=rf"^{field}"):
         _cfg(**{field: value})
 
 
@@ -115,14 +117,15 @@ def test_config_normalises_inputs() -> None:
     assert c.input_len == LengthSpec("fixed", 64)
     assert c.percentiles == (90.0, 99.0)
     assert c.to_dict()["request_rate"] == "inf"
-    assert "api_key" not in c.to_dict() and "secret" not in repr(_cfg(api_key="secret"))
+    assert "api_key" not in c.to_dict()
+    assert "secret" not in repr(_cfg(api_key="secret"))
 
 
 def test_parse_goodput() -> None:
     assert parse_goodput(["ttft:500", "TPOT:50", "e2el:2000"]) == {"ttft": 500, "tpot": 50, "e2el": 2000}
     assert parse_goodput(None) == {}
     for bad in (["ttft"], ["ttft:x"], ["itl:5"], ["ttft:0"]):
-        with pytest.raises(ConfigError, match="^goodput"):
+        with pytest.raises(ConfigError, match=r"^goodput"):
             parse_goodput(bad)
 
 
@@ -162,10 +165,11 @@ def test_arrivals_are_seeded_and_infinite_rate_sends_at_once() -> None:
     a = arrival_offsets(50, rate=10.0, seed=7)
     assert a == arrival_offsets(50, rate=10.0, seed=7)
     assert a != arrival_offsets(50, rate=10.0, seed=8)
-    assert a[0] == 0.0 and all(x <= y for x, y in zip(a, a[1:]))
+    assert a[0] == 0.0
+    assert all(x <= y for x, y in itertools.pairwise(a))
     assert arrival_offsets(5, rate=math.inf) == [0.0] * 5
     assert inter_arrival_gaps(3, rate=2.0, burstiness=math.inf) == [0.5] * 3
-    with pytest.raises(ConfigError, match="^burstiness"):
+    with pytest.raises(ConfigError, match=r"^burstiness"):
         inter_arrival_gaps(3, rate=2.0, burstiness=0.0)
 
 
@@ -175,7 +179,8 @@ def test_arrivals_are_seeded_and_infinite_rate_sends_at_once() -> None:
 @pytest.mark.parametrize("n", [1, 2, 3, 17, 128, 1000])
 def test_synthetic_prompt_has_exact_byte_length(n: int) -> None:
     text = synthetic_prompt(n, random.Random(0), index=42)
-    assert len(text.encode()) == n and text.isascii()
+    assert len(text.encode()) == n
+    assert text.isascii()
 
 
 def test_latency_stats_match_numpy() -> None:
@@ -188,7 +193,9 @@ def test_latency_stats_match_numpy() -> None:
     for p in (50, 90, 99, 99.9):
         assert s[f"p{p:g}"] == pytest.approx(np.percentile(ms, p))
     empty = latency_stats([], (99.0,))
-    assert empty["mean"] is None and empty["p99"] is None and empty["count"] == 0
+    assert empty["mean"] is None
+    assert empty["p99"] is None
+    assert empty["count"] == 0
 
 
 def _rec(i: int, ttft: float, itl: list[float], tokens: int, error: str | None = None) -> RequestRecord:
@@ -207,12 +214,16 @@ def test_summary_tpot_goodput_and_failures() -> None:
         _rec(3, 0.010, [0.001], 2, error="stream_cut"),
     ]
     s = summarize(recs, duration_s=2.0, percentiles=(99.0,), goodput={"ttft": 200, "tpot": 20})
-    assert s["completed"] == 3 and s["failed"] == 1 and s["failures"] == {"stream_cut": 1}
-    assert s["tpot_ms"]["count"] == 2 and s["tpot_ms"]["mean"] == pytest.approx(30.0)
+    assert s["completed"] == 3
+    assert s["failed"] == 1
+    assert s["failures"] == {"stream_cut": 1}
+    assert s["tpot_ms"]["count"] == 2
+    assert s["tpot_ms"]["mean"] == pytest.approx(30.0)
     assert s["itl_ms"]["count"] == 13  # pooled gaps of successful requests only
     assert s["good_requests"] == 2  # request 1 misses both SLOs
     assert s["goodput"] == pytest.approx(1.0)
-    assert s["total_output_tokens"] == 16 and s["output_throughput"] == pytest.approx(8.0)
+    assert s["total_output_tokens"] == 16
+    assert s["output_throughput"] == pytest.approx(8.0)
     assert s["request_throughput"] == pytest.approx(1.5)
     assert summarize(recs, duration_s=2.0)["goodput"] is None
 
