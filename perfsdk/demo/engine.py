@@ -192,6 +192,10 @@ class EngineStats:
     tokens_generated: int = 0
     max_running: int = 0
     batch_sizes: list[int] = field(default_factory=list)
+    prefill_tokens: int = 0
+    decode_context_tokens: int = 0  # Σ over decode steps of the batch's context lengths
+    prefill_seconds: float = 0.0  # host clock around the model calls (exact on CPU, launch time on CUDA)
+    decode_seconds: float = 0.0
 
 
 class Engine:
@@ -416,12 +420,15 @@ class Engine:
         lens = [h.prompt_tokens for h in admitted]
         rows = []
         # One perfsdk prefill step covers every sequence admitted together, as a real engine's batch does.
+        t0 = time.perf_counter()
         with self._prefill_phase(tokens=sum(lens), batch=len(admitted), seq_lens=lens):
             for h in admitted:
                 assert h.slot is not None
                 ids = torch.tensor(h.prompt_ids, dtype=torch.long, device=device)
                 rows.append(self.model.prefill(ids, h.slot))
+        self.stats.prefill_seconds += time.perf_counter() - t0
         self.stats.prefill_steps += 1
+        self.stats.prefill_tokens += sum(lens)
         for h in admitted:
             h.cache_len = h.prompt_tokens
             h.generator = self._generator_for(h)
@@ -433,9 +440,12 @@ class Engine:
         slots = torch.tensor([h.slot for h in batch], dtype=torch.long, device=device)
         positions = torch.tensor([h.cache_len for h in batch], dtype=torch.long, device=device)
         context = sum(h.cache_len + 1 for h in batch)
+        t0 = time.perf_counter()
         with self._decode_phase(batch=len(batch), context_tokens=context):
             logits = self.model.decode(tokens, slots, positions)
+        self.stats.decode_seconds += time.perf_counter() - t0
         self.stats.decode_steps += 1
+        self.stats.decode_context_tokens += context
         self.stats.batch_sizes.append(len(batch))
         for h in batch:
             h.cache_len += 1

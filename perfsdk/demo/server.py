@@ -17,7 +17,9 @@ Routes (the subset of the OpenAI API that load generators and engines' benchmark
   fields: ``prompt`` / ``messages``, ``max_tokens`` (chat: also ``max_completion_tokens``),
   ``temperature`` (default 1.0, 0 is greedy), ``seed`` and the vLLM extension ``ignore_eos``.
 - ``GET /v1/models``, ``GET /health``;
-- ``GET /metrics``: the monitor's Prometheus registry in the text exposition format.
+- ``GET /metrics``: the monitor's Prometheus registry in the text exposition format;
+- ``POST /debug/profile?steps=4&mode=torch``: arm the monitor's profiler window
+  (``Monitor.profile``), which records a few steps once traffic is steady.
 
 A client that disconnects mid-stream cancels its request: Starlette cancels the streaming task, the
 generator's ``finally`` calls :meth:`GenerationHandle.cancel` and the engine frees the slot before
@@ -173,6 +175,20 @@ def create_app(
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest  # noqa: PLC0415
 
         return Response(generate_latest(registry or CollectorRegistry()), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/debug/profile")
+    async def profile(steps: int = 4, mode: str = "torch") -> Response:
+        # The profiler window belongs to the monitor; absent (older perfsdk, no monitor) means 501.
+        start = getattr(monitor, "profile", None)
+        if start is None:
+            return _error(
+                "this server's monitor has no profiler window (perfsdk.Monitor.profile)", status=501
+            )
+        try:
+            window = start(steps=steps, mode=mode)
+        except ConfigError as e:
+            return _error(str(e))
+        return JSONResponse({"status": "armed", "steps": steps, "mode": mode, "window": repr(window)})
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
