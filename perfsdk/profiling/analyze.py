@@ -81,8 +81,9 @@ COPY_BOUND_MIN_SHARE = 0.05
 # Exposed communication (collective kernels not overlapped by compute on another stream) as a
 # share of step time; tensor-parallel decode spends 5-10% here when healthy.
 COMM_BOUND_MIN_SHARE = 0.10
-# GPU busy fraction from which the step is "healthy" (memory- or compute-bound): the remaining
-# idle is launch latency and step boundaries that no host-side change removes.
+# Share of step time the GPU spends running kernels (busy, less copies and exposed collectives)
+# from which the step is "healthy" (memory- or compute-bound): the remaining idle is launch latency
+# and step boundaries that no host-side change removes.
 HEALTHY_BUSY_FRACTION = 0.80
 # Median kernel duration above which an unlabelled busy step reads as compute-bound (prefill):
 # decode kernels at small batch are weight reads of a few to tens of µs.
@@ -631,23 +632,26 @@ def _findings(diag: Diagnosis) -> list[Finding]:
             "Overlap communication with compute (async collectives, a separate stream), send fewer "
             "and larger all-reduces (fuse them), or lower the tensor-parallel degree."))
 
-    if busy >= HEALTHY_BUSY_FRACTION:
+    # "healthy" means busy running kernels: time spent copying or in exposed collectives is
+    # already charged to its own finding, so it does not make a step look healthy
+    working = max(busy - copy - comm, 0.0)
+    if working >= HEALTHY_BUSY_FRACTION:
         names = {s.name for s in steps}
         compute = names == {"perfsdk.prefill"} or (
             "perfsdk.decode" not in names and "perfsdk.mixed" not in names
             and median >= COMPUTE_KERNEL_MIN_US)
         cats = diag.summary()["category_shares"]
         top = ", ".join(f"{c} {v:.0%}" for c, v in sorted(cats.items(), key=lambda kv: -kv[1])[:3])
-        evidence = (f"GPU busy {busy:.0%} of step time; {kernels:.0f} kernels per step, "
+        evidence = (f"GPU busy running kernels {working:.0%} of step time; {kernels:.0f} kernels per step, "
                     f"median {median:.1f} µs; {top}")
         if compute:
             out.append(Finding(
-                "compute_bound", busy, evidence,
+                "compute_bound", working, evidence,
                 "Healthy prefill: the GPU is busy doing math. Next: lower precision (FP8), fused attention "
                 "kernels, or fewer FLOPs (prefix caching, shorter prompts); compare MFU with the floor."))
         else:
             out.append(Finding(
-                "memory_bound", busy, evidence,
+                "memory_bound", working, evidence,
                 "Healthy decode: the GPU is busy reading weights and KV cache. Next: read fewer bytes per "
                 "token (quantised weights or KV cache) or batch more requests per step; compare MBU with "
                 "the floor."))
