@@ -208,7 +208,7 @@ def test_unreadable_traces_raise_config_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "cat", "expected"),
     [
-        ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn>", "kernel", "gemm"),
+        ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_tn>", "kernel", "gemm"),
         ("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", "kernel", "gemm"),
         ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 4>>", "kernel", "attention"),
         ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>", "kernel",
