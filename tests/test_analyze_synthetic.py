@@ -119,7 +119,7 @@ def test_sync_after_item_is_found_and_gap_attributed_to_it() -> None:
     # the idle after the sync is the sync's cost, not counted again as plain launch-bound
     assert "launch_bound" not in kinds
     sync = next(f for f in d.findings if f.kind == "sync_bound")
-    assert "1 stream syncs" in sync.evidence
+    assert "stream synchronize ×1" in sync.evidence
     assert sync.share > 0.5
 
 

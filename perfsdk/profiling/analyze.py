@@ -600,9 +600,10 @@ def _findings(diag: Diagnosis) -> list[Finding]:
     if syncs >= SYNC_BOUND_MIN_PER_STEP:
         after = sum(s.idle_after_sync_us for s in steps) / window
         blocked = sum(s.sync_blocked_us for s in steps) / window
-        parts = [f"{per_step(a):g} {label}" for a, label in
-                 (("stream_syncs", "stream syncs"), ("device_syncs", "device syncs"),
-                  ("event_syncs", "event syncs"), ("d2h_copies", "device-to-host copies")) if per_step(a) > 0]
+        parts = [f"{label} ×{per_step(a):g}" for a, label in
+                 (("stream_syncs", "stream synchronize"), ("device_syncs", "device synchronize"),
+                  ("event_syncs", "event synchronize"), ("d2h_copies", "device-to-host copy"))
+                 if per_step(a) > 0]
         out.append(Finding(
             "sync_bound", max(after, blocked),
             f"{syncs:g} host synchronisations per step ({', '.join(parts)}); host blocked {blocked:.0%} of "

@@ -37,12 +37,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run_analyze(args: argparse.Namespace) -> int:
     # imported on use: `perfsdk --help` must not pay for the analyser
-    from perfsdk.profiling.analyze import analyze_trace  # noqa: PLC0415
+    from perfsdk.profiling.analyze import analyze_trace
 
     diag = analyze_trace(args.trace, step_pattern=args.step_name)
     plotted = None
     if args.plot and diag.has_gpu:
-        from perfsdk.profiling.timeline_plot import plot_timeline  # noqa: PLC0415  (pulls in matplotlib)
+        from perfsdk.profiling.timeline_plot import plot_timeline
 
         plotted = plot_timeline(diag, args.plot, step=args.step)
     if args.json:

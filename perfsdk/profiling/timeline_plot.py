@@ -64,11 +64,11 @@ def plot_timeline(
         raise ConfigError(f"step: {idx} has no GPU window")
     try:
         # matplotlib is optional and heavy: imported only when a plot is asked for
-        import matplotlib  # noqa: PLC0415
+        import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-        from matplotlib.patches import Patch  # noqa: PLC0415
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
     except ImportError as e:
         raise MissingDependencyError("matplotlib", "perfsdk analyze --plot", extra="bench") from e
 
