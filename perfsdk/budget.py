@@ -32,16 +32,16 @@ from perfsdk.model import ModelSpec
 
 __all__ = [
     "attention_flops",
-    "decode_flops",
     "decode_floor_s",
+    "decode_flops",
     "decode_step_bytes",
     "kv_bytes_per_token",
     "mbu",
     "mfu",
     "mixed_step_bytes",
     "mixed_step_flops",
-    "prefill_flops",
     "prefill_floor_s",
+    "prefill_flops",
     "prefill_step_bytes",
     "tokens_per_s",
 ]

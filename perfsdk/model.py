@@ -202,12 +202,10 @@ class ModelSpec:
             attn += q_out + 2 * kv_out + (hidden if neox else 0)
 
         inter = int(need("intermediate_size")) if not neox else int(cfg.get("intermediate_size") or 4 * hidden)
-        if neox:  # two-matrix GELU MLP with biases
-            dense_mlp = 2 * hidden * inter + inter + hidden
-        else:     # gated (SwiGLU / GeGLU): gate, up, down
-            dense_mlp = 3 * hidden * inter
+        # GPT-NeoX: two-matrix GELU MLP with biases; others gated (SwiGLU / GeGLU): gate, up, down
+        dense_mlp = 2 * hidden * inter + inter + hidden if neox else 3 * hidden * inter
         norms_per_layer = 2 * hidden * (2 if neox else 1)  # LayerNorm has a bias, RMSNorm not
-        if model_type.startswith("gemma2") or model_type.startswith("gemma3"):
+        if model_type.startswith(("gemma2", "gemma3")):
             norms_per_layer = 4 * hidden  # pre/post norms around attention and MLP
 
         experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
@@ -278,10 +276,9 @@ class ModelSpec:
             total += n
             nbytes += n * int(p.element_size())
             dtypes[str(p.dtype)] = dtypes.get(str(p.dtype), 0) + n
-        for b in module.buffers():  # quantised weights often live in buffers
-            if b.dtype.is_floating_point or str(b.dtype) in ("torch.int8", "torch.uint8"):
-                if str(b.dtype) in ("torch.int8", "torch.uint8"):
-                    nbytes += int(b.numel()) * int(b.element_size())
+        for b in module.buffers():  # quantised (int8/uint8-packed) weights often live in buffers
+            if str(b.dtype) in ("torch.int8", "torch.uint8"):
+                nbytes += int(b.numel()) * int(b.element_size())
         if total == 0:
             raise ConfigError("module: it has no parameters to count")
         lookup = 0

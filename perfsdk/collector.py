@@ -1,0 +1,310 @@
+"""The collector thread: everything that is not recording happens here.
+
+It drains the Monitor's bounded queue in order, and for each record:
+
+* a **step** — waits until its end CUDA event has completed (``query()``, then
+  a blocking-sync ``synchronize()`` that sleeps in the driver with the GIL
+  released: no spinning core, and never on the serving thread), reads the
+  device time, returns the events to the pool, computes the step's bytes and
+  FLOPs (:mod:`perfsdk.budget`), MBU and MFU, and observes the Prometheus
+  histograms and counters; feeds the profiler window's steady-state gate;
+* a **first token** — observes TTFT at once (dashboards need not wait for the
+  request to end);
+* a **finished request** — queue time, every inter-token gap, TPOT, duration,
+  and the request's OpenTelemetry span tree, with explicit timestamps;
+* a **flush marker** — resolves every pending step, then wakes the caller.
+
+When the queue is empty it sleeps ``poll_interval`` seconds. Any exception is
+counted in ``perfsdk_internal_errors_total`` and the thread keeps going.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from perfsdk import budget
+
+if TYPE_CHECKING:
+    from perfsdk.monitor import Monitor, Request
+
+__all__ = ["Collector"]
+
+_WINDOW = 4096  # steps kept per phase for stats()
+
+
+class _PhaseStats:
+    __slots__ = ("errors", "mbu", "mfu", "seconds", "steps")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.errors = 0
+        self.seconds: deque[float] = deque(maxlen=_WINDOW)
+        self.mbu: deque[float] = deque(maxlen=_WINDOW)
+        self.mfu: deque[float] = deque(maxlen=_WINDOW)
+
+    def summary(self) -> dict[str, Any]:
+        def pct(xs: list[float], q: float) -> float | None:
+            if not xs:
+                return None
+            s = sorted(xs)
+            return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+        secs, mbu, mfu = list(self.seconds), list(self.mbu), list(self.mfu)
+        return {
+            "steps": self.steps,
+            "errors": self.errors,
+            "step_ms_mean": statistics.fmean(secs) * 1e3 if secs else None,
+            "step_ms_p50": (pct(secs, 0.5) or 0) * 1e3 if secs else None,
+            "step_ms_p99": (pct(secs, 0.99) or 0) * 1e3 if secs else None,
+            "mbu_mean": statistics.fmean(mbu) if mbu else None,
+            "mbu_p50": pct(mbu, 0.5),
+            "mfu_mean": statistics.fmean(mfu) if mfu else None,
+            "mfu_p50": pct(mfu, 0.5),
+        }
+
+
+class Collector(threading.Thread):
+    def __init__(self, mon: Monitor, poll_interval: float) -> None:
+        super().__init__(name="perfsdk-collector", daemon=True)
+        self._mon = mon
+        self._queue = mon._queue
+        self._poll = poll_interval
+        self._stop_flag = False
+        self._wake = threading.Event()
+        self._pending: deque[tuple[Any, ...]] = deque()  # steps whose end event has not completed
+        self._stats = {p: _PhaseStats() for p in ("prefill", "decode", "mixed")}
+        self._stats_lock = threading.Lock()
+        self._exported_dropped = 0
+        self._exported_errors = 0
+        self.processed = 0
+        self.dropped_device_timing = 0
+        m, h = mon.model, mon.hardware
+        self._model = m
+        self._bandwidth = h.memory_bandwidth if h is not None else None
+        self._peak_flops: float | None = None
+        if h is not None:
+            try:
+                self._peak_flops = h.peak_flops(mon.compute_dtype)
+            except Exception:
+                self._peak_flops = None
+        self._kv = m is not None and m.has_attention_shape
+
+    # ---- thread control -------------------------------------------------
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self, timeout: float | None) -> None:
+        self._stop_flag = True
+        self._wake.set()
+        self.join(timeout)
+
+    def run(self) -> None:
+        q = self._queue
+        while True:
+            try:
+                if q:
+                    self._drain()
+                elif self._pending:
+                    self._resolve_pending(block=True)
+                else:
+                    self._export_health()
+                    if self._stop_flag:
+                        return
+                    self._wake.wait(self._poll)
+                    self._wake.clear()
+            except Exception as e:  # keep collecting whatever happens
+                self._mon._errors.record(e, "collector")
+
+    def _drain(self) -> None:
+        q = self._queue
+        mon = self._mon
+        while q:
+            rec = q.popleft()
+            tag = rec[0]
+            try:
+                if tag == "s":
+                    if rec[4] is not None:
+                        self._pending.append(rec)
+                        self._resolve_pending(block=False)
+                    else:
+                        self._step(rec, (rec[3] - rec[2]) / 1e9)
+                elif tag == "f":
+                    self._first_token(rec[1])
+                elif tag == "r":
+                    self._finish(rec[1])
+                elif tag == "x":
+                    self._resolve_pending(block=True, all_=True)
+                    self._export_health()
+                    rec[1].set()
+            except Exception as e:
+                mon._errors.record(e, f"collector record {tag!r}")
+            self.processed += 1
+
+    def _resolve_pending(self, block: bool, all_: bool = False) -> None:
+        pending = self._pending
+        pool = self._mon._pool
+        while pending:
+            rec = pending[0]
+            start, end = rec[4]
+            if not end.query():
+                if not block:
+                    return
+                end.synchronize()  # blocking-sync event: sleeps in the driver, GIL released
+            pending.popleft()
+            try:
+                seconds = start.elapsed_time(end) / 1e3
+            finally:
+                if pool is not None:
+                    pool.release(rec[4])
+            self._step(rec, seconds)
+            if not all_ and self._queue:
+                return  # go back to draining new records
+
+    # ---- records ----------------------------------------------------------
+    def _step(self, rec: tuple[Any, ...], seconds: float) -> None:
+        _, phase, t0, t1, _ev, batch, tokens, ctx, seq_lens, error = rec
+        mon = self._mon
+        stats = self._stats[phase]
+        if error is not None:
+            with self._stats_lock:
+                stats.steps += 1
+                stats.errors += 1
+            if mon._otel is not None:
+                mon._otel.step(phase=phase, model=mon.model_name, start_ns=mon.epoch_ns(t0),
+                               end_ns=mon.epoch_ns(t1), attributes={"perfsdk.batch": batch}, error=error)
+            return
+        nbytes, flops, ntokens = self._cost(phase, batch, tokens, ctx, seq_lens)
+        mbu = mfu = None
+        if seconds > 0:
+            if nbytes is not None and self._bandwidth and phase != "prefill":
+                mbu = nbytes / (seconds * self._bandwidth)
+            if flops is not None and self._peak_flops and phase != "decode":
+                mfu = flops / (seconds * self._peak_flops)
+        prom = mon._prom
+        if prom is not None:
+            prom.step[phase].observe(seconds)
+            prom.step_tokens[phase].inc(ntokens)
+            if nbytes is not None:
+                prom.step_bytes[phase].inc(nbytes)
+            if flops is not None:
+                prom.step_flops[phase].inc(flops)
+            if mbu is not None:
+                prom.mbu[phase].observe(mbu)
+            if mfu is not None:
+                prom.mfu[phase].observe(mfu)
+        with self._stats_lock:
+            stats.steps += 1
+            stats.seconds.append(seconds)
+            if mbu is not None:
+                stats.mbu.append(mbu)
+            if mfu is not None:
+                stats.mfu.append(mfu)
+        if mon._otel is not None:
+            attrs: dict[str, Any] = {"perfsdk.batch": batch, "perfsdk.tokens": ntokens,
+                                     "perfsdk.device_seconds": seconds}
+            if mbu is not None:
+                attrs["perfsdk.mbu"] = mbu
+            if mfu is not None:
+                attrs["perfsdk.mfu"] = mfu
+            mon._otel.step(phase=phase, model=mon.model_name, start_ns=mon.epoch_ns(t0),
+                           end_ns=mon.epoch_ns(t1), attributes=attrs, error=None)
+        w = mon._window
+        if w is not None:
+            w.observe_step(phase, seconds, batch, mbu)
+
+    def _cost(self, phase: str, batch: int, tokens: int | None, ctx: int,
+              seq_lens: Any) -> tuple[float | None, float | None, int]:
+        """(bytes, FLOPs, tokens) the step had to move/do; None where the model is unknown."""
+        m = self._model
+        if phase == "decode":
+            if m is None:
+                return None, None, batch
+            kv_ctx = ctx if self._kv else 0
+            return budget.decode_step_bytes(m, kv_ctx), budget.decode_flops(m, batch, kv_ctx), batch
+        if phase == "prefill":
+            lens = _prefill_lens(batch, tokens, seq_lens)
+            n = sum(lens)
+            if m is None:
+                return None, None, n
+            return (budget.prefill_step_bytes(m, lens, ctx if self._kv else 0),
+                    budget.prefill_flops(m, lens, attention=self._kv), n)
+        # mixed: seq_lens are the prefill chunks, batch the decoding sequences
+        lens = list(seq_lens or ())
+        n = sum(lens) + batch
+        if m is None:
+            return None, None, n
+        kv_ctx = ctx if self._kv else 0
+        nbytes = budget.mixed_step_bytes(m, lens, kv_ctx) if self._kv else m.weight_bytes
+        return nbytes, budget.mixed_step_flops(m, lens, batch, kv_ctx), n
+
+    def _first_token(self, req: Request) -> None:
+        prom = self._mon._prom
+        if prom is not None and req.first_token_ns is not None:
+            prom.ttft.observe((req.first_token_ns - req.arrival_ns) / 1e9)
+
+    def _finish(self, req: Request) -> None:
+        mon = self._mon
+        prom = mon._prom
+        end = req.finish_ns if req.finish_ns is not None else req.arrival_ns
+        e2e = (end - req.arrival_ns) / 1e9
+        first = req.first_token_ns
+        ttft = (first - req.arrival_ns) / 1e9 if first is not None else None
+        queue = (req.scheduled_ns - req.arrival_ns) / 1e9 if req.scheduled_ns is not None else None
+        if prom is not None:
+            if queue is not None:
+                prom.queue.observe(queue)
+            times = req.token_ns
+            itl = prom.itl
+            for i in range(1, len(times)):
+                itl.observe((times[i] - times[i - 1]) / 1e9)
+            if ttft is not None and req.output_tokens > 1:
+                prom.tpot.observe((e2e - ttft) / (req.output_tokens - 1))
+            prom.duration.observe(e2e)
+        if mon._otel is not None:
+            mon._otel.request(
+                operation=req.operation, model=mon.model_name, parent=req._otel_parent,
+                start_ns=mon.epoch_ns(req.arrival_ns),
+                scheduled_ns=mon.epoch_ns(req.scheduled_ns) if req.scheduled_ns is not None else None,
+                first_token_ns=mon.epoch_ns(first) if first is not None else None,
+                end_ns=mon.epoch_ns(end), input_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
+                finish_reason=req.finish_reason or "stop", error=req.error, ttft_s=ttft, queue_s=queue,
+                request_id=req.request_id,
+            )
+
+    def _export_health(self) -> None:
+        mon = self._mon
+        prom = mon._prom
+        if prom is None:
+            return
+        d = mon._dropped - self._exported_dropped
+        if d > 0:
+            prom.dropped.inc(d)
+            self._exported_dropped += d
+        e = mon._errors.count - self._exported_errors
+        if e > 0:
+            prom.internal_errors.inc(e)
+            self._exported_errors += e
+
+    def stats(self) -> dict[str, Any]:
+        with self._stats_lock:
+            out: dict[str, Any] = {p: s.summary() for p, s in self._stats.items()}
+        out["dropped_records"] = self._mon._dropped
+        out["internal_errors"] = self._mon._errors.count
+        out["processed_records"] = self.processed
+        return out
+
+
+def _prefill_lens(batch: int, tokens: int | None, seq_lens: Any) -> list[int]:
+    if seq_lens is not None:
+        return [int(n) for n in seq_lens]
+    if tokens is None:
+        return []
+    b = max(batch, 1)
+    base, extra = divmod(tokens, b)
+    return [base + (1 if i < extra else 0) for i in range(b)]
+
+

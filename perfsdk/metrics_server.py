@@ -1,0 +1,144 @@
+"""A small HTTP server for a Monitor: ``GET /metrics``, ``GET /health``, ``POST /profile``.
+
+Started by :meth:`perfsdk.Monitor.serve_metrics` on a daemon thread::
+
+    srv = mon.serve_metrics(port=9400)              # 127.0.0.1:9400; port=0 picks a free port
+    srv.url                                         # "http://127.0.0.1:9400"
+    # curl -X POST 'http://127.0.0.1:9400/profile?steps=4&mode=torch'   -> a profiler window
+
+``/metrics`` is the Monitor's registry in the Prometheus text format (every
+process's values when ``PROMETHEUS_MULTIPROC_DIR`` is set). ``POST /profile``
+asks for one profiler-window capture; it is open on loopback, and needs
+``Authorization: Bearer <token>`` when the server binds any other address —
+binding elsewhere without a token is refused at construction.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlparse
+
+from perfsdk.errors import ConfigError
+
+if TYPE_CHECKING:
+    from perfsdk.monitor import Monitor
+
+__all__ = ["MetricsServer"]
+
+
+def _is_loopback(addr: str) -> bool:
+    if addr in ("localhost", ""):
+        return addr == "localhost"
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+class MetricsServer:
+    def __init__(self, mon: Monitor, port: int = 9400, addr: str = "127.0.0.1", token: str | None = None) -> None:
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"port: must be within 0..65535, got {port}")
+        if not _is_loopback(addr) and not token:
+            raise ConfigError(
+                f"addr: binding the metrics server to {addr!r} (not loopback) needs token=... to protect "
+                "POST /profile; pass a token or bind 127.0.0.1"
+            )
+        self._mon = mon
+        self._token = token
+        from perfsdk.sinks.prometheus import multiprocess_registry
+
+        from prometheus_client import REGISTRY
+
+        self._registry = multiprocess_registry() or mon.registry or REGISTRY
+        handler = _make_handler(self)
+        try:
+            self._httpd = ThreadingHTTPServer((addr, port), handler)
+        except OSError as e:
+            raise ConfigError(f"port: cannot serve metrics on {addr}:{port}: {e.strerror or e}") from e
+        self._httpd.daemon_threads = True
+        self.addr = addr
+        self.port = int(self._httpd.server_address[1])
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="perfsdk-metrics", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
+        return f"http://{host}:{self.port}"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    # ---- request handling (server threads) --------------------------------
+    def metrics(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self._registry), CONTENT_TYPE_LATEST
+
+    def authorized(self, header: str | None) -> bool:
+        if self._token is None:
+            return True
+        expected = f"Bearer {self._token}"
+        return header is not None and hmac.compare_digest(header.encode(), expected.encode())
+
+    def trigger(self, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        try:
+            steps = int(query["steps"][0]) if "steps" in query else None
+            mode = query["mode"][0] if "mode" in query else None
+        except ValueError:
+            return 400, {"error": "steps must be an integer"}
+        try:
+            handle = self._mon.profile(steps=steps, mode=mode, reason="http")
+        except ConfigError as e:
+            return 400, {"error": str(e)}
+        except Exception as e:  # a profiler problem is reported, never fatal to the server
+            self._mon._errors.record(e, "POST /profile")
+            return 500, {"error": f"{type(e).__name__}: {e}"}
+        info = handle.to_dict() if hasattr(handle, "to_dict") else {"accepted": bool(handle)}
+        return (202 if info.get("accepted", True) else 409), info
+
+
+def _make_handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: scrapes every few seconds
+            pass
+
+        def _send(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, code: int, obj: dict[str, Any]) -> None:
+            self._send(code, json.dumps(obj).encode(), "application/json")
+
+        def do_GET(self) -> None:
+            path = urlparse(self.path).path
+            if path == "/metrics":
+                body, ctype = server.metrics()
+                self._send(200, body, ctype)
+            elif path in ("/health", "/"):
+                self._json(200, {"status": "ok"})
+            else:
+                self._json(404, {"error": f"no route {path}; try /metrics"})
+
+        def do_POST(self) -> None:
+            url = urlparse(self.path)
+            if url.path != "/profile":
+                self._json(404, {"error": f"no route {url.path}; POST /profile triggers a profiler window"})
+                return
+            if not server.authorized(self.headers.get("Authorization")):
+                self._json(401, {"error": "missing or wrong bearer token"})
+                return
+            code, obj = server.trigger(parse_qs(url.query))
+            self._json(code, obj)
+
+    return Handler

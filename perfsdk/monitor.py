@@ -1,0 +1,643 @@
+"""The public entry point: :class:`Monitor`, its :class:`Request` and :class:`Phase`.
+
+Wrap the request lifecycle (host clock: what users feel) and every prefill,
+decode or mixed step (device clock: what the GPU did)::
+
+    import perfsdk
+
+    mon = perfsdk.Monitor(
+        model=perfsdk.ModelSpec.named("llama-3-8b"),   # or ModelSpec.from_hf_config(cfg), or None
+        hardware="auto",                                # detect the GPU; or "h100-sxm", or a HardwareSpec
+        service="my-llm",
+    )
+    mon.serve_metrics(port=9400)                        # Prometheus /metrics on 127.0.0.1:9400
+
+    # a request: TTFT, inter-token latency, TPOT, queue time, duration, and a span
+    with mon.request(prompt_tokens=512) as req:
+        req.scheduled()                                 # leaves the waiting queue
+        for tok in generate():
+            req.tokens(1)                               # first call: TTFT; later ones: ITL
+    # or, across callbacks / asyncio tasks: req = mon.request(...); ...; req.finish("length")
+
+    # a step: device time, MBU (decode), MFU (prefill), an NVTX range
+    with mon.prefill(tokens=512, batch=1):
+        logits = model(prompt)
+    with mon.decode(batch=8, context_tokens=sum(ctx_lens)):
+        graph.replay()                                  # wrap *around* replay, never inside capture
+    with mon.mixed(prefill_seq_lens=[256], decode_batch=7, context_tokens=7000):
+        step()                                          # chunked prefill + decode: MBU and MFU
+
+    @mon.decode(batch=lambda ids, **_: ids.shape[0])    # decorator: values from the call's arguments
+    def decode_step(ids, ...): ...
+
+    mon.flush()                                         # everything recorded so far is exported
+    mon.close()
+
+The serving thread only records — a clock read, a pooled CUDA event pair, an
+NVTX push/pop and one append to a bounded queue; the collector thread
+(:mod:`perfsdk.collector`) computes and exports. Nothing here waits for the
+GPU, and nothing here raises into serving code except the user's own
+exceptions (which propagate unchanged and are recorded as errors) and
+configuration mistakes at construction.
+
+``perfsdk.Monitor()`` with no arguments works: host timers (or CUDA events
+when torch is already imported and sees a GPU), MBU/MFU off with one warning
+saying what to pass. Settings also come from the environment (explicit
+arguments win): ``PERFSDK_ENABLED=0``, ``PERFSDK_MODEL`` (a known model name),
+``PERFSDK_HARDWARE``, ``PERFSDK_SERVICE``, ``PERFSDK_MODEL_NAME``,
+``PERFSDK_METRICS_PORT`` (serve /metrics at start), ``PERFSDK_NVTX``,
+``PERFSDK_OTEL``, ``PERFSDK_TIMING``, ``PERFSDK_QUEUE_SIZE``,
+``PERFSDK_STEP_SPAN_RATE``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from perfsdk._guard import ErrorGuard
+from perfsdk.errors import ConfigError
+from perfsdk.model import ModelSpec
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from perfsdk.collector import Collector
+    from perfsdk.hardware import HardwareSpec
+    from perfsdk.metrics_server import MetricsServer
+
+__all__ = ["Monitor", "Phase", "Request"]
+
+log = logging.getLogger("perfsdk")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# record tags (tuples on the queue, read by the collector)
+STEP = "s"
+FIRST_TOKEN = "f"
+FINISH = "r"
+FLUSH = "x"
+
+_UNSET: Any = object()
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _env(name: str) -> str | None:
+    v = os.environ.get(name)
+    return v if v not in (None, "") else None
+
+
+def _env_bool(name: str, default: bool | str) -> bool | str:
+    v = _env(name)
+    if v is None:
+        return default
+    return v.lower() in _TRUE if v.lower() in (*_TRUE, "0", "false", "no", "off") else v
+
+
+class Request:
+    """One request's life: arrival → scheduled → tokens → finish. Host clock.
+
+    Created by :meth:`Monitor.request` at arrival. Thread-safe for one writer at a
+    time (arrival on an HTTP thread, tokens on the engine thread is fine).
+    """
+
+    __slots__ = (
+        "_mon", "_otel_parent", "arrival_ns", "error", "finish_ns", "finish_reason", "first_token_ns",
+        "operation", "output_tokens", "prompt_tokens", "request_id", "scheduled_ns", "token_ns",
+    )
+
+    def __init__(self, mon: Monitor, prompt_tokens: int, arrival_ns: int, operation: str,
+                 request_id: str | None, otel_parent: Any) -> None:
+        self._mon = mon
+        self.prompt_tokens = prompt_tokens
+        self.arrival_ns = arrival_ns
+        self.scheduled_ns: int | None = None
+        self.first_token_ns: int | None = None
+        self.token_ns: list[int] = []
+        self.output_tokens = 0
+        self.finish_ns: int | None = None
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.operation = operation
+        self.request_id = request_id
+        self._otel_parent = otel_parent
+
+    def scheduled(self, t_ns: int | None = None) -> None:
+        """The request left the waiting queue (its queue time ends, prefill may start)."""
+        if self.scheduled_ns is None:
+            self.scheduled_ns = self._mon._clock() if t_ns is None else t_ns
+
+    def tokens(self, n: int = 1, t_ns: int | None = None) -> None:
+        """*n* tokens were emitted now: the first call sets TTFT, each later one is an inter-token gap."""
+        mon = self._mon
+        t = mon._clock() if t_ns is None else t_ns
+        self.output_tokens += n
+        self.token_ns.append(t)
+        if self.first_token_ns is None:
+            self.first_token_ns = t
+            mon._push((FIRST_TOKEN, self))
+
+    def finish(self, reason: str = "stop", error: BaseException | str | None = None,
+               t_ns: int | None = None) -> None:
+        """Record the end (``"stop"``, ``"length"``, ``"abort"``, …, or an error); later calls are ignored."""
+        if self.finish_ns is not None:
+            return
+        mon = self._mon
+        self.finish_ns = mon._clock() if t_ns is None else t_ns
+        if error is not None:
+            self.error = error if isinstance(error, str) else type(error).__qualname__
+            reason = "error" if reason == "stop" else reason
+        self.finish_reason = reason
+        mon._push((FINISH, self))
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_ns is not None
+
+    def __enter__(self) -> Request:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None:
+            self.finish("error", error=exc)
+        else:
+            self.finish("stop")
+
+
+class _NullRequest(Request):
+    """What a disabled Monitor hands out: every method does nothing."""
+
+    def __init__(self) -> None:  # no fields are touched
+        pass
+
+    def scheduled(self, t_ns: int | None = None) -> None:
+        return None
+
+    def tokens(self, n: int = 1, t_ns: int | None = None) -> None:
+        return None
+
+    def finish(self, reason: str = "stop", error: BaseException | str | None = None,
+               t_ns: int | None = None) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        return None
+
+
+def _check_count(field: str, value: Any) -> Any:
+    """Validate a size given to a phase: a non-negative int, or a callable (decorator form)."""
+    if type(value) is int and value >= 0:
+        return value
+    if callable(value):
+        return value
+    if isinstance(value, bool):
+        raise ConfigError(f"{field}: expected a non-negative integer, got {value!r}")
+    try:
+        import operator
+
+        as_int = operator.index(value)  # numpy and torch integer scalars
+    except TypeError:
+        raise ConfigError(f"{field}: expected a non-negative integer or a callable, got {value!r}") from None
+    if as_int < 0:
+        raise ConfigError(f"{field}: must be >= 0, got {value!r}")
+    return as_int
+
+
+class Phase:
+    """One prefill, decode or mixed step: a context manager and a decorator.
+
+    As a context manager each ``with`` times one step; re-entering the same object
+    (nested or from another thread) is safe, each entry keeps its own start. As a
+    decorator every call is one step, and any size given as a callable is called
+    with the wrapped function's arguments.
+    """
+
+    __slots__ = ("_batch", "_ctx", "_dynamic", "_mon", "_open", "_phase", "_seq_lens", "_tokens")
+
+    def __init__(self, mon: Monitor, phase: str, batch: Any, tokens: Any, context_tokens: Any,
+                 seq_lens: Any) -> None:
+        self._mon = mon
+        self._phase = phase
+        dynamic = False
+        # fast path: plain ints; anything else goes through validation (and may be a callable)
+        if type(batch) is not int:
+            batch = _check_count("batch", batch)
+            dynamic = callable(batch)
+        if tokens is not None and type(tokens) is not int:
+            tokens = _check_count("tokens", tokens)
+            dynamic = dynamic or callable(tokens)
+        if type(context_tokens) is not int:
+            context_tokens = _check_count("context_tokens", context_tokens)
+            dynamic = dynamic or callable(context_tokens)
+        if seq_lens is not None and callable(seq_lens):
+            dynamic = True
+        self._batch = batch
+        self._tokens = tokens
+        self._ctx = context_tokens
+        self._seq_lens = seq_lens
+        self._dynamic = dynamic
+        self._open: list[Any] = []
+
+    def __enter__(self) -> Phase:
+        mon = self._mon
+        if not mon._enabled:
+            return self
+        if self._dynamic:
+            raise ConfigError(
+                f"{self._phase}: sizes given as callables only work in the decorator form (@mon.{self._phase}(...))"
+            )
+        try:
+            if mon._capturing():
+                self._open.append(None)  # capture/trace time: the work is not really running now
+                return self
+            w = mon._window
+            if w is not None and w.hot:
+                w.step_begin(self._phase)
+            mon._nvtx_push(self._phase, self._batch)
+            pool = mon._pool
+            ev = pool.acquire() if pool is not None else None
+            if ev is not None:
+                ev[0].record()
+            self._open.append((mon._clock(), ev))
+        except Exception as e:
+            mon._errors.record(e, f"{self._phase}.__enter__")
+            self._open.append(None)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        mon = self._mon
+        if not mon._enabled:
+            return
+        try:
+            state = self._open.pop()
+            if state is None:
+                return
+            t0, ev = state
+            if ev is not None:
+                ev[1].record()
+            t1 = mon._clock()
+            mon._nvtx_pop()
+            mon._push((STEP, self._phase, t0, t1, ev, self._batch, self._tokens, self._ctx, self._seq_lens,
+                       None if exc_type is None else exc_type.__qualname__))
+            w = mon._window
+            if w is not None and w.hot:
+                w.step_end(self._phase)
+        except Exception as e:
+            mon._errors.record(e, f"{self._phase}.__exit__")
+
+    def __call__(self, fn: F) -> F:
+        mon, phase = self._mon, self._phase
+        sizes = (self._batch, self._tokens, self._ctx, self._seq_lens)
+        dynamic = self._dynamic
+
+        def fresh(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Phase:
+            if not dynamic:
+                return Phase(mon, phase, *sizes)
+            try:
+                vals = [v(*args, **kwargs) if callable(v) else v for v in sizes]
+            except Exception as e:
+                mon._errors.record(e, f"@{phase} size callable")
+                vals = [0, None, 0, None]
+            return Phase(mon, phase, *vals)
+
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                with fresh(args, kwargs):
+                    return await fn(*args, **kwargs)
+
+            return cast(F, awrapper)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with fresh(args, kwargs):
+                return fn(*args, **kwargs)
+
+        return cast(F, wrapper)
+
+
+class Monitor:
+    """Instrument a serving loop; see the module docstring for a guide.
+
+    Args:
+        model: a :class:`~perfsdk.model.ModelSpec`, a known model name, or a Hugging Face config
+            (dict or object). ``None``: no MBU/MFU.
+        hardware: ``"auto"`` (detect the GPU), a datasheet name (``"h100-sxm"``), ``"calibrate"``
+            (measured ceilings), a :class:`~perfsdk.hardware.HardwareSpec`, or ``None``.
+        service: the service name (OpenTelemetry resource-independent; used in logs).
+        model_name: the ``model`` label and span model name (default: the spec's name).
+        registry: the Prometheus registry to write to (default: the global one).
+        prometheus / otel / nvtx: turn a sink off (``nvtx`` may also be ``"nvtx"`` or ``"torch"``).
+        tracer_provider: an OpenTelemetry provider (default: the global one; none set costs nothing).
+        timing: ``"auto"`` (CUDA events if torch is imported and sees a GPU), ``"cuda"``, ``"host"``.
+        operation: GenAI operation name of request spans (``"chat"``, ``"text_completion"``, …).
+        queue_size: records the collector may lag behind before dropping (never blocking).
+        event_pool_size: CUDA event pairs in flight at most.
+        step_span_rate: fraction of steps that get a span (0: none).
+        compute_dtype: dtype whose dense peak MFU divides by (default: the model's dtype, bf16 for
+            integer weights).
+        rank: ``"auto"`` adds a ``rank`` label when this process is one rank of several; an int forces it.
+        clock: a ``() -> int`` nanosecond clock (tests); default ``time.perf_counter_ns``.
+        enabled: ``False`` makes every call a no-op.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec | str | Mapping[str, Any] | Any | None = _UNSET,
+        hardware: HardwareSpec | str | None = _UNSET,
+        *,
+        service: str | None = None,
+        model_name: str | None = None,
+        registry: CollectorRegistry | None = None,
+        prometheus: bool = True,
+        otel: bool | None = None,
+        tracer_provider: Any = None,
+        nvtx: bool | str | None = None,
+        timing: str | None = None,
+        operation: str = "text_completion",
+        queue_size: int | None = None,
+        event_pool_size: int = 1024,
+        step_span_rate: float | None = None,
+        compute_dtype: str | None = None,
+        rank: int | str | None = "auto",
+        clock: Callable[[], int] | None = None,
+        poll_interval: float = 0.005,
+        enabled: bool | None = None,
+    ) -> None:
+        self._errors = ErrorGuard()
+        self._enabled = bool(_env_bool("PERFSDK_ENABLED", True) if enabled is None else enabled)
+        self.service = service or _env("PERFSDK_SERVICE") or "perfsdk"
+        self._clock: Callable[[], int] = clock or time.perf_counter_ns
+        self._epoch_offset_ns = time.time_ns() - self._clock()
+        self.operation = operation
+        self._window: Any = None
+        self._server: MetricsServer | None = None
+        self._closed = False
+        self._dropped = 0
+        self._collector: Collector | None = None
+
+        self.model = self._resolve_model(_env("PERFSDK_MODEL") if model is _UNSET else model)
+        spec_name = self.model.name if self.model else ""
+        self.model_name = model_name or _env("PERFSDK_MODEL_NAME") or spec_name or "unknown"
+        hw_arg = (_env("PERFSDK_HARDWARE") or "auto") if hardware is _UNSET else hardware
+        self.hardware = self._resolve_hardware(hw_arg)
+        self.compute_dtype = compute_dtype or self._default_compute_dtype()
+
+        qs = int(queue_size if queue_size is not None else _env("PERFSDK_QUEUE_SIZE") or 65536)
+        if qs < 1:
+            raise ConfigError(f"queue_size: must be >= 1, got {qs}")
+        self._queue_cap = qs
+        self._queue: deque[tuple[Any, ...]] = deque()
+        rate = float(step_span_rate if step_span_rate is not None else _env("PERFSDK_STEP_SPAN_RATE") or 0.0)
+        if not 0.0 <= rate <= 1.0:
+            raise ConfigError(f"step_span_rate: must be within [0, 1], got {rate}")
+        if poll_interval <= 0:
+            raise ConfigError(f"poll_interval: must be > 0, got {poll_interval}")
+
+        # ---- choose implementations once (STYLE 3) ----
+        from perfsdk import timing as _timing
+        from perfsdk.nvtx_ranges import make_nvtx
+
+        mode = (timing or _env("PERFSDK_TIMING") or "auto").lower()
+        if mode not in ("auto", "cuda", "host"):
+            raise ConfigError(f"timing: expected 'auto', 'cuda' or 'host', got {mode!r}")
+        use_cuda = self._enabled and (mode == "cuda" or (mode == "auto" and _timing.cuda_usable()))
+        if mode == "cuda" and not _timing.cuda_usable(force=True):
+            raise ConfigError("timing='cuda': torch does not see a CUDA device here; use timing='host' or 'auto'")
+        self.timing = "cuda" if use_cuda else "host"
+        self._pool = _timing.EventPool(event_pool_size, None) if use_cuda else None
+        self._capturing = _timing.capture_check() if self._enabled else _timing._never
+        nvtx_choice = _env_bool("PERFSDK_NVTX", True) if nvtx is None else nvtx
+        nv = make_nvtx(nvtx_choice if self._enabled else False)
+        self.nvtx_backend = nv.backend
+        self._nvtx_push = nv.push
+        self._nvtx_pop = nv.pop
+
+        self._extra_label_values: tuple[str, ...] = ()
+        extra_labels: tuple[str, ...] = ()
+        r = _detect_rank(rank)
+        if r is not None:
+            extra_labels, self._extra_label_values = ("rank",), (str(r),)
+
+        from perfsdk.sinks.prometheus import PrometheusSink, metric_set
+
+        self.registry = registry
+        self._prom: PrometheusSink | None = None
+        if prometheus:
+            from prometheus_client import REGISTRY
+
+            self.registry = registry if registry is not None else REGISTRY
+            self._prom = PrometheusSink(metric_set(self.registry, extra_labels), self.model_name,
+                                        self._extra_label_values)
+            if self.hardware is not None:
+                flops = {k: float(v) for k, v in self.hardware.flops.items()}
+                self._prom.set_hardware(self.hardware.name, self.hardware.memory_bandwidth, flops)
+
+        self._otel = None
+        use_otel = bool(_env_bool("PERFSDK_OTEL", True) if otel is None else otel)
+        if use_otel and self._enabled:
+            from perfsdk.sinks.otel import make_otel_sink
+
+            self._otel = make_otel_sink(tracer_provider, rate)
+            if self._otel is None and otel:
+                from perfsdk.errors import MissingDependencyError
+
+                raise MissingDependencyError("opentelemetry-api", "OpenTelemetry spans", extra="otel")
+        self._capture_ctx = self._otel.capture_context if self._otel is not None else None
+
+        self._warn_missing()
+        if self._enabled:
+            from perfsdk.collector import Collector
+
+            self._collector = Collector(self, poll_interval)
+            self._collector.start()
+        port = _env("PERFSDK_METRICS_PORT")
+        if port is not None and self._enabled:
+            self.serve_metrics(port=int(port), addr=_env("PERFSDK_METRICS_ADDR") or "127.0.0.1")
+
+    # ---- construction helpers ----------------------------------------
+    @staticmethod
+    def _resolve_model(model: Any) -> ModelSpec | None:
+        if model is None or isinstance(model, ModelSpec):
+            return model
+        if isinstance(model, str):
+            return ModelSpec.named(model)
+        if isinstance(model, Mapping) or hasattr(model, "to_dict"):
+            return ModelSpec.from_hf_config(model)
+        raise ConfigError(
+            f"model: expected a ModelSpec, a known model name or a Hugging Face config, got {type(model).__name__}"
+        )
+
+    @staticmethod
+    def _resolve_hardware(hardware: Any) -> HardwareSpec | None:
+        from perfsdk import hardware as hw
+
+        if isinstance(hardware, str) and hardware.lower() == "auto":
+            try:
+                return hw.resolve("auto")
+            except Exception as e:  # an unknown GPU is not a reason to refuse to monitor
+                log.warning("perfsdk: could not map this GPU to a datasheet row (%s); MBU/MFU off", e)
+                return None
+        return hw.resolve(hardware)
+
+    def _default_compute_dtype(self) -> str:
+        dt = self.model.dtype if self.model is not None else "bfloat16"
+        return "bf16" if dt.startswith(("int", "uint", "fp4", "nvfp4", "mxfp4")) or "byte" in dt else dt
+
+    def _warn_missing(self) -> None:
+        missing = []
+        if self.model is None:
+            missing.append("model=perfsdk.ModelSpec.named(...) or ModelSpec.from_hf_config(config)")
+        if self.hardware is None:
+            missing.append("hardware='h100-sxm' (a datasheet name), a HardwareSpec, or 'calibrate' "
+                           "(no GPU was detected)")
+        if missing and self._enabled:
+            log.warning("perfsdk: MBU/MFU are off until you pass %s. Latency metrics work without them.",
+                        " and ".join(missing))
+        if self.model is not None and not self.model.has_attention_shape:
+            log.warning("perfsdk: model %s has no layers/kv_heads/head_dim: KV-cache bytes and attention "
+                        "FLOPs are left out of MBU/MFU", self.model.name or "(unnamed)")
+
+    # ---- hot path ------------------------------------------------------
+    def _push(self, record: tuple[Any, ...]) -> None:
+        q = self._queue
+        if len(q) >= self._queue_cap:
+            self._dropped += 1  # exported by the collector; the server never waits
+            return
+        q.append(record)
+
+    def request(self, prompt_tokens: int = 0, *, operation: str | None = None, request_id: str | None = None,
+                arrival_ns: int | None = None) -> Request:
+        """A request arrived now (or at *arrival_ns* on this Monitor's clock)."""
+        if not self._enabled:
+            return _NULL_REQUEST
+        if type(prompt_tokens) is not int or prompt_tokens < 0:
+            prompt_tokens = _check_count("prompt_tokens", prompt_tokens)
+        parent = None
+        if self._capture_ctx is not None:
+            try:
+                parent = self._capture_ctx()
+            except Exception as e:
+                self._errors.record(e, "request context")
+        return Request(self, prompt_tokens, self._clock() if arrival_ns is None else arrival_ns,
+                       operation or self.operation, request_id, parent)
+
+    def prefill(self, tokens: int | Callable[..., int] | None = None, batch: int | Callable[..., int] = 1, *,
+                seq_lens: Sequence[int] | Callable[..., Sequence[int]] | None = None,
+                cached_tokens: int | Callable[..., int] = 0) -> Phase:
+        """One prefill step of *batch* sequences, *tokens* prompt tokens in all (or their *seq_lens*).
+
+        ``cached_tokens``: prefix tokens already in the KV cache (read, not recomputed).
+        """
+        return Phase(self, "prefill", batch, tokens, cached_tokens, seq_lens)
+
+    def decode(self, batch: int | Callable[..., int] = 1,
+               context_tokens: int | Callable[..., int] = 0) -> Phase:
+        """One decode step: *batch* sequences, *context_tokens* = the sum of their context lengths."""
+        return Phase(self, "decode", batch, None, context_tokens, None)
+
+    def mixed(self, prefill_seq_lens: Sequence[int] | Callable[..., Sequence[int]] = (),
+              decode_batch: int | Callable[..., int] = 0,
+              context_tokens: int | Callable[..., int] = 0) -> Phase:
+        """A chunked-prefill + decode step: prefill chunks of *prefill_seq_lens* tokens, and *decode_batch*
+        sequences decoding over *context_tokens* context tokens in all. Reports MBU and MFU."""
+        return Phase(self, "mixed", decode_batch, None, context_tokens, prefill_seq_lens)
+
+    # ---- control -------------------------------------------------------
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        """Block until everything recorded so far is processed and exported (``False`` on timeout)."""
+        c = self._collector
+        if c is None or not c.is_alive():
+            return not self._enabled
+        done = threading.Event()
+        self._queue.append((FLUSH, done))  # a marker is never dropped
+        c.wake()
+        return done.wait(timeout)
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Flush, stop the collector, stop the metrics server. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._window is not None:
+            try:
+                self._window.close()
+            except Exception as e:
+                self._errors.record(e, "window.close")
+        self.flush(timeout)
+        if self._collector is not None:
+            self._collector.stop(timeout)
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def serve_metrics(self, port: int = 9400, addr: str = "127.0.0.1", *, token: str | None = None) -> MetricsServer:
+        """Serve ``GET /metrics`` (and ``POST /profile``, a profiler-window trigger) on a daemon thread.
+
+        Binding anywhere but loopback requires *token* for the trigger (``Authorization: Bearer …``).
+        """
+        from perfsdk.metrics_server import MetricsServer
+
+        if self._server is not None:
+            return self._server
+        self._server = MetricsServer(self, port=port, addr=addr, token=token)
+        return self._server
+
+    def stats(self) -> dict[str, Any]:
+        """Rolling per-phase statistics (last few thousand steps) and the SDK's health counters."""
+        if self._collector is None:
+            return {"dropped_records": self._dropped, "internal_errors": self._errors.count}
+        return self._collector.stats()
+
+    def epoch_ns(self, t: int) -> int:
+        """Convert a timestamp of this Monitor's clock to Unix epoch nanoseconds."""
+        return t + self._epoch_offset_ns
+
+    # ---- profiler window ----------------------------------------------
+    def enable_profiler(self, **config: Any) -> Any:
+        """Set up the opt-in profiler window (see :mod:`perfsdk.profiling.window`); returns it."""
+        from perfsdk.profiling.window import ProfilerWindow  # type: ignore[import-not-found,unused-ignore]
+
+        if self._window is None:
+            self._window = ProfilerWindow(self, **config)
+        return self._window
+
+    def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api") -> Any:
+        """Ask for one profiler capture of *steps* steady-state steps; returns a handle to wait on."""
+        w = self._window if self._window is not None else self.enable_profiler()
+        return w.trigger(steps=steps, mode=mode, reason=reason)
+
+
+_NULL_REQUEST = _NullRequest()
+
+
+def _detect_rank(rank: int | str | None) -> int | None:
+    if rank is None or rank == "none":
+        return None
+    if isinstance(rank, int):
+        return rank
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    world = os.environ.get("WORLD_SIZE")
+    if world and world.isdigit() and int(world) > 1:
+        return int(os.environ.get("RANK", "0") or 0)
+    return None

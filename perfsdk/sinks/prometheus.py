@@ -1,0 +1,195 @@
+"""Prometheus metrics of one model, created once per registry and bound once.
+
+The names, types, labels and buckets are the table in ``docs/metrics.md``;
+they follow the OpenTelemetry GenAI semantic conventions where one exists
+(``gen_ai.server.time_to_first_token`` → ``gen_ai_server_time_to_first_token_seconds``)
+and are prefixed ``perfsdk_`` otherwise — never ``vllm:`` or ``sglang:``, which
+those engines unregister at start-up.
+
+Creating metrics is idempotent per registry: two Monitors on one registry share
+one set of collectors (a second ``Histogram(...)`` with the same name would
+raise "Duplicated timeseries"). Label children are bound when a sink is built,
+so an observation on the collector thread is one ``observe`` on a child.
+
+With ``PROMETHEUS_MULTIPROC_DIR`` set, prometheus_client writes values to
+per-process files; gauges here say how processes combine (``mostrecent`` for the
+hardware peaks, ``livesum`` for the last capture's busy fraction is not summed but
+``max``), and :func:`multiprocess_registry` reads them all back for ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = [
+    "BUCKETS",
+    "MetricSet",
+    "PrometheusSink",
+    "metric_set",
+    "multiprocess_registry",
+]
+
+# OpenTelemetry GenAI semantic conventions, explicit bucket boundaries (seconds).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+# perfsdk's own: a CUDA-graph decode step on an H200 is ~1.5 ms, under the semconv TPOT's first
+# bucket, so inter-token gaps and step times get finer boundaries down to 0.5 ms.
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+               0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+STEP_BUCKETS = (0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03,
+                0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
+QUEUE_BUCKETS = (0.0005, *TTFT_BUCKETS, 30.0, 60.0)
+# utilisation 0–1 in steps of 0.05; a value above 1 means the peak is wrong and lands in +Inf
+UTIL_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
+
+BUCKETS: dict[str, tuple[float, ...]] = {
+    "ttft": TTFT_BUCKETS, "tpot": TPOT_BUCKETS, "duration": DURATION_BUCKETS, "itl": ITL_BUCKETS,
+    "step": STEP_BUCKETS, "queue": QUEUE_BUCKETS, "util": UTIL_BUCKETS,
+}
+
+PHASES = ("prefill", "decode", "mixed")
+
+
+@dataclass(frozen=True)
+class MetricSet:
+    """The collectors of one registry (shared by every Monitor that writes to it)."""
+
+    ttft: Histogram
+    tpot: Histogram
+    duration: Histogram
+    itl: Histogram
+    queue: Histogram
+    step: Histogram
+    mbu: Histogram
+    mfu: Histogram
+    step_bytes: Counter
+    step_flops: Counter
+    step_tokens: Counter
+    peak_bandwidth: Gauge
+    peak_flops: Gauge
+    dropped: Counter
+    internal_errors: Counter
+    profile_busy: Gauge
+    extra_labels: tuple[str, ...]
+
+
+_sets: weakref.WeakKeyDictionary[CollectorRegistry, dict[tuple[str, ...], MetricSet]] = (
+    weakref.WeakKeyDictionary()
+)
+_lock = threading.Lock()
+
+
+def metric_set(registry: CollectorRegistry | None = None, extra_labels: tuple[str, ...] = ()) -> MetricSet:
+    """The metric set of *registry* (default: the global one), created on first use."""
+    reg = REGISTRY if registry is None else registry
+    with _lock:
+        per_reg = _sets.setdefault(reg, {})
+        if extra_labels not in per_reg:
+            if per_reg:
+                other = next(iter(per_reg))
+                raise ValueError(
+                    f"registry already holds perfsdk metrics with labels {other!r}; a Monitor with labels "
+                    f"{extra_labels!r} needs its own registry"
+                )
+            per_reg[extra_labels] = _create(reg, extra_labels)
+        return per_reg[extra_labels]
+
+
+def _create(reg: CollectorRegistry, extra: tuple[str, ...]) -> MetricSet:
+    m = ("model", *extra)
+    mp = ("model", "phase", *extra)
+
+    def hist(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...], unit: str = "") -> Histogram:
+        return Histogram(name, doc, labels, registry=reg, buckets=buckets, unit=unit)
+
+    return MetricSet(
+        ttft=hist("gen_ai_server_time_to_first_token", "Time to generate the first token of a request "
+                  "(arrival to first token, as the user feels it).", m, TTFT_BUCKETS, "seconds"),
+        tpot=hist("gen_ai_server_time_per_output_token", "Time per output token after the first, per request: "
+                  "(e2e - ttft) / (output tokens - 1).", m, TPOT_BUCKETS, "seconds"),
+        duration=hist("gen_ai_server_request_duration", "End-to-end request duration (arrival to finish).",
+                      m, DURATION_BUCKETS, "seconds"),
+        itl=hist("perfsdk_inter_token_latency", "Every gap between consecutive token emissions of a request.",
+                 m, ITL_BUCKETS, "seconds"),
+        queue=hist("perfsdk_request_queue", "Arrival to leaving the waiting queue (scheduled).",
+                   m, QUEUE_BUCKETS, "seconds"),
+        step=hist("perfsdk_step", "Device time of one prefill, decode or mixed step (CUDA events; host clock "
+                  "when there is no GPU).", mp, STEP_BUCKETS, "seconds"),
+        mbu=hist("perfsdk_step_bandwidth_utilization", "Model bandwidth utilisation of a step: bytes it must "
+                 "read / (device time x peak bandwidth).", mp, UTIL_BUCKETS),
+        mfu=hist("perfsdk_step_flops_utilization", "Model FLOPs utilisation of a step: FLOPs it must do / "
+                 "(device time x dense peak FLOP/s).", mp, UTIL_BUCKETS),
+        step_bytes=Counter("perfsdk_step_bytes", "Bytes steps had to read (weights + KV), for utilisation over "
+                           "any window in PromQL.", mp, registry=reg),
+        step_flops=Counter("perfsdk_step_flops", "FLOPs steps had to do.", mp, registry=reg),
+        step_tokens=Counter("perfsdk_step_tokens", "Tokens processed by steps (prompt tokens for prefill, one "
+                            "per sequence for decode).", mp, registry=reg),
+        peak_bandwidth=Gauge("perfsdk_hardware_peak_bandwidth_bytes", "Peak memory bandwidth MBU divides by "
+                             "(bytes per second).", ("device", *extra), registry=reg, multiprocess_mode="mostrecent"),
+        peak_flops=Gauge("perfsdk_hardware_peak_flops", "Dense peak FLOP/s MFU divides by.",
+                         ("device", "dtype", *extra), registry=reg, multiprocess_mode="mostrecent"),
+        dropped=Counter("perfsdk_dropped_records", "Records perfsdk dropped because its collector fell "
+                        "behind (the server never blocks).", extra, registry=reg),
+        internal_errors=Counter("perfsdk_internal_errors", "Exceptions inside perfsdk, caught and counted "
+                                "(they never reach the server).", extra, registry=reg),
+        profile_busy=Gauge("perfsdk_profile_gpu_busy_fraction", "GPU busy fraction of the last profiler "
+                           "window's trace.", m, registry=reg, multiprocess_mode="mostrecent"),
+        extra_labels=extra,
+    )
+
+
+class PrometheusSink:
+    """Label children of one (model, extra labels) bound once; observed on the collector thread."""
+
+    def __init__(self, metrics: MetricSet, model: str, extra_values: tuple[str, ...] = ()) -> None:
+        self.metrics = metrics
+        mv = (model, *extra_values)
+        self.ttft = metrics.ttft.labels(*mv)
+        self.tpot = metrics.tpot.labels(*mv)
+        self.duration = metrics.duration.labels(*mv)
+        self.itl = metrics.itl.labels(*mv)
+        self.queue = metrics.queue.labels(*mv)
+        self.profile_busy = metrics.profile_busy.labels(*mv)
+        self.step: dict[str, Any] = {}
+        self.mbu: dict[str, Any] = {}
+        self.mfu: dict[str, Any] = {}
+        self.step_bytes: dict[str, Any] = {}
+        self.step_flops: dict[str, Any] = {}
+        self.step_tokens: dict[str, Any] = {}
+        for phase in PHASES:
+            pv = (model, phase, *extra_values)
+            self.step[phase] = metrics.step.labels(*pv)
+            self.mbu[phase] = metrics.mbu.labels(*pv)
+            self.mfu[phase] = metrics.mfu.labels(*pv)
+            self.step_bytes[phase] = metrics.step_bytes.labels(*pv)
+            self.step_flops[phase] = metrics.step_flops.labels(*pv)
+            self.step_tokens[phase] = metrics.step_tokens.labels(*pv)
+        self.dropped = metrics.dropped.labels(*extra_values) if extra_values else metrics.dropped
+        self.internal_errors = (
+            metrics.internal_errors.labels(*extra_values) if extra_values else metrics.internal_errors
+        )
+        self._extra_values = extra_values
+
+    def set_hardware(self, device: str, bandwidth: float, flops: dict[str, float]) -> None:
+        self.metrics.peak_bandwidth.labels(device, *self._extra_values).set(bandwidth)
+        for dtype, value in flops.items():
+            self.metrics.peak_flops.labels(device, dtype, *self._extra_values).set(value)
+
+
+def multiprocess_registry() -> CollectorRegistry | None:
+    """A registry that aggregates every process's values when ``PROMETHEUS_MULTIPROC_DIR`` is set."""
+    legacy = os.environ.get("prometheus_multiproc_dir")  # noqa: SIM112  (prometheus_client still honours it)
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR") and not legacy:
+        return None
+    from prometheus_client import multiprocess
+
+    reg = CollectorRegistry()
+    multiprocess.MultiProcessCollector(reg)  # type: ignore[no-untyped-call]
+    return reg
