@@ -76,8 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from perfsdk.bench.config import BenchConfig, parse_goodput  # noqa: PLC0415  (keeps `perfsdk` startup cheap)
-    from perfsdk.bench.run import benchmark  # noqa: PLC0415
+    from perfsdk.bench.config import BenchConfig, parse_goodput  # keeps `perfsdk` startup cheap
+    from perfsdk.bench.run import benchmark
 
     config = BenchConfig(
         base_url=args.base_url,
@@ -111,8 +111,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from perfsdk.bench.compare import compare_results, config_diff, format_comparison  # noqa: PLC0415
-    from perfsdk.bench.result import BenchResult  # noqa: PLC0415
+    from perfsdk.bench.compare import compare_results, config_diff, format_comparison
+    from perfsdk.bench.result import BenchResult
 
     a, b = BenchResult.load(args.a), BenchResult.load(args.b)
     if not a.summary or not b.summary:

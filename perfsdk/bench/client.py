@@ -96,7 +96,7 @@ async def send_request(
     headers: Mapping[str, str] | None = None,
 ) -> RequestRecord:
     """Send one request and fill *record*; *t0* is the run's start on ``perf_counter``."""
-    import aiohttp  # noqa: PLC0415  (optional dependency, imported at the point of use)
+    import aiohttp  # optional dependency, imported at the point of use
 
     st = time.perf_counter()
     record.start = st - (t0 if t0 is not None else st)

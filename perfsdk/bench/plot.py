@@ -28,10 +28,10 @@ __all__ = ["plot_result"]
 def plot_result(result: BenchResult, path: str | os.PathLike[str]) -> Path:
     """Write the figure to *path* (PNG) and return the path."""
     try:
-        import matplotlib  # noqa: PLC0415  (optional dependency)
+        import matplotlib  # optional dependency
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
+        import matplotlib.pyplot as plt
     except ImportError as e:
         raise MissingDependencyError("matplotlib", "perfsdk bench --plot", extra="bench") from e
 

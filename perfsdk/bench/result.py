@@ -38,10 +38,10 @@ RESULT_FORMAT = 1
 
 def environment() -> dict[str, Any]:
     """Where and with what a run was made; stored beside the numbers so that two files can be compared."""
-    from perfsdk._version import __version__  # noqa: PLC0415  (kept local: avoids a cycle at import)
+    from perfsdk._version import __version__  # kept local: avoids a cycle at import
 
     try:
-        import aiohttp  # noqa: PLC0415  (optional dependency)
+        import aiohttp  # optional dependency
 
         aiohttp_version: str | None = aiohttp.__version__
     except ImportError:

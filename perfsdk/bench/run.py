@@ -49,7 +49,7 @@ __all__ = ["benchmark", "run_benchmark"]
 
 async def run_benchmark(config: BenchConfig, *, progress: bool | None = None) -> BenchResult:
     """Run *config* against its server; *progress* overrides ``config.progress``."""
-    import aiohttp  # noqa: PLC0415  (optional dependency, imported at the point of use)
+    import aiohttp  # optional dependency, imported at the point of use
 
     show_progress = config.progress if progress is None else progress
     env = environment()
@@ -134,7 +134,7 @@ async def run_benchmark(config: BenchConfig, *, progress: bool | None = None) ->
     if config.save_result:
         result.save(config.save_result)
     if config.plot:
-        from perfsdk.bench.plot import plot_result  # noqa: PLC0415  (matplotlib only when asked)
+        from perfsdk.bench.plot import plot_result  # matplotlib only when asked
 
         plot_result(result, config.plot)
     return result
@@ -149,7 +149,7 @@ def _progress_bar(total: int, enabled: bool) -> Any:
     if not enabled:
         return None
     try:
-        from tqdm import tqdm  # noqa: PLC0415  (optional dependency)
+        from tqdm import tqdm  # optional dependency
     except ImportError:
         return None
     return tqdm(total=total, unit="req", desc="bench", file=sys.stderr, dynamic_ncols=True)
