@@ -70,9 +70,7 @@ def test_serve_exits_1_when_every_request_fails(capsys: pytest.CaptureFixture[st
         ("--num-prompts", "0", "num_prompts"),
     ],
 )
-def test_bad_flags_are_config_errors(
-    flag: str, value: str, field: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bad_flags_are_config_errors(flag: str, value: str, field: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*_serve_args("http://127.0.0.1:9"), flag, value]) == 2
     assert field in capsys.readouterr().err
 

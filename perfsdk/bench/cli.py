@@ -62,9 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--api-key", default=None, help="sent as a Bearer token; never saved")
-    s.add_argument(
-        "--save-result", metavar="PATH", default=None, help="write config, records, summary as JSON"
-    )
+    s.add_argument("--save-result", metavar="PATH", default=None, help="write config, records, summary as JSON")
     s.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of latencies and tokens/s")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=_serve)

@@ -102,9 +102,7 @@ async def send_request(
     record.start = st - (t0 if t0 is not None else st)
     state = _State(st)
     try:
-        await asyncio.wait_for(
-            _stream(session, url, payload, record, state=state, headers=headers), timeout_s
-        )
+        await asyncio.wait_for(_stream(session, url, payload, record, state=state, headers=headers), timeout_s)
     except _StreamFailure as e:
         record.fail(e.reason, e.detail)
     except TimeoutError:
@@ -185,9 +183,7 @@ async def _stream(
         if data_lines:  # the last event had no blank line after it; still an event
             _on_event("\n".join(data_lines), time.perf_counter(), record, st, state)
         if not state.done:
-            raise _StreamFailure(
-                STREAM_CUT, f"the stream ended without data: [DONE] after {record.chunks} text chunks"
-            )
+            raise _StreamFailure(STREAM_CUT, f"the stream ended without data: [DONE] after {record.chunks} text chunks")
 
 
 def _on_event(data: str, now: float, record: RequestRecord, st: float, state: _State) -> None:

@@ -119,9 +119,7 @@ class BenchConfig:
         ):
             raise ConfigError(f"request_rate: must be > 0 requests/s (or inf), got {self.request_rate!r}")
         object.__setattr__(self, "request_rate", float(self.request_rate))
-        if isinstance(self.burstiness, bool) or not (
-            isinstance(self.burstiness, (int, float)) and self.burstiness > 0
-        ):
+        if isinstance(self.burstiness, bool) or not (isinstance(self.burstiness, (int, float)) and self.burstiness > 0):
             raise ConfigError(f"burstiness: must be > 0 (1 = Poisson), got {self.burstiness!r}")
         object.__setattr__(self, "burstiness", float(self.burstiness))
         if self.max_concurrency is not None:

@@ -47,9 +47,7 @@ class LengthSpec:
                 raise ConfigError(f"length: a fixed length must be a positive integer, got {self.a:g}")
         elif self.kind == "uniform":
             if self.a < 1 or self.b < self.a or self.a != int(self.a) or self.b != int(self.b):
-                raise ConfigError(
-                    f"length: uniform:a-b needs integers 1 <= a <= b, got uniform:{self.a:g}-{self.b:g}"
-                )
+                raise ConfigError(f"length: uniform:a-b needs integers 1 <= a <= b, got uniform:{self.a:g}-{self.b:g}")
         elif self.kind == "normal":
             if self.a < 1 or self.b < 0:
                 raise ConfigError(

@@ -119,9 +119,7 @@ def peak_concurrency(records: Iterable[RequestRecord]) -> int:
     return peak
 
 
-def throughput_series(
-    records: Iterable[RequestRecord], bucket_s: float = 1.0
-) -> tuple[list[float], list[float]]:
+def throughput_series(records: Iterable[RequestRecord], bucket_s: float = 1.0) -> tuple[list[float], list[float]]:
     """Output tokens/s in buckets of *bucket_s* from the run's start: (bucket start times, rates).
 
     A chunk's tokens are spread evenly over the request's chunks when usage says

@@ -82,9 +82,7 @@ async def run_benchmark(config: BenchConfig, *, progress: bool | None = None) ->
             return await send_request(session, config.url, payload, rec, timeout_s=config.timeout_s, t0=t0)
 
     def new_record(i: int, warm: bool, scheduled: float) -> RequestRecord:
-        return RequestRecord(
-            index=i, warmup=warm, prompt_len=in_lens[i], max_tokens=out_lens[i], scheduled=scheduled
-        )
+        return RequestRecord(index=i, warmup=warm, prompt_len=in_lens[i], max_tokens=out_lens[i], scheduled=scheduled)
 
     bar = _progress_bar(n, show_progress)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
