@@ -28,6 +28,7 @@ import dataclasses
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,7 +108,7 @@ def read_trace_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             f.seek(0)
             # sniff the gzip magic rather than trusting the suffix: tools rename files
             raw = gzip.decompress(f.read()) if head == b"\x1f\x8b" else f.read()
-    except OSError as e:
+    except (OSError, EOFError, zlib.error) as e:  # missing file, corrupt or truncated gzip
         raise ConfigError(f"trace: cannot read {p!r}: {e}") from e
     try:
         doc = json.loads(raw)
