@@ -1,0 +1,207 @@
+"""The demo server over real HTTP on loopback: OpenAI routes, streaming, disconnects, and client/server agreement."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from perfsdk.demo.report import TTFT, histogram_buckets, histogram_count, histogram_quantile  # noqa: E402
+from perfsdk.demo.stack import DemoStack, start_demo  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def _has_monitor() -> bool:
+    try:
+        from perfsdk.monitor import Monitor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_monitor = pytest.mark.skipif(not _has_monitor(), reason="perfsdk.monitor is not importable yet")
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[DemoStack]:
+    with start_demo(size="tiny", device="cpu", port=0, max_batch_slots=4, max_seq=512) as stack:
+        yield stack
+
+
+def _events(lines: Iterator[str]) -> list[Any]:
+    out: list[Any] = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def _wait_for(predicate: Any, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+def test_health_models_and_metrics(demo: DemoStack) -> None:
+    base = demo.server.base_url
+    assert httpx.get(f"{base}/health").json()["status"] == "ok"
+    models = httpx.get(f"{base}/v1/models").json()
+    assert models["object"] == "list"
+    assert [m["id"] for m in models["data"]] == [demo.model_name]
+    metrics = httpx.get(f"{base}/metrics")
+    assert metrics.status_code == 200
+    assert metrics.headers["content-type"].startswith("text/plain")
+    if demo.monitor is not None:
+        assert "gen_ai_server_time_to_first_token_seconds" in metrics.text
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_non_streaming_response(demo: DemoStack, endpoint: str) -> None:
+    body: dict[str, Any] = {"model": demo.model_name, "max_tokens": 7, "temperature": 0, "ignore_eos": True}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": "hello"}]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = "hello"
+        path = "/v1/completions"
+    r = httpx.post(demo.server.base_url + path, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    obj = r.json()
+    choice = obj["choices"][0]
+    text = choice["message"]["content"] if endpoint == "chat" else choice["text"]
+    assert len(text) == 7
+    assert choice["finish_reason"] == "length"
+    assert obj["usage"]["completion_tokens"] == 7
+    if endpoint == "completions":
+        assert obj["usage"]["prompt_tokens"] == len(b"hello") + 1  # byte tokens + BOS
+    again = httpx.post(demo.server.base_url + path, json=body, timeout=30).json()
+    assert again["choices"][0] == choice  # greedy: the same text every time
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_streaming_sends_one_chunk_per_token_then_usage_then_done(demo: DemoStack, endpoint: str) -> None:
+    body: dict[str, Any] = {"max_tokens": 9, "stream": True, "ignore_eos": True, "temperature": 0}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": "stream please"}]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = "stream please"
+        path = "/v1/completions"
+    with httpx.stream("POST", demo.server.base_url + path, json=body, timeout=30) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = _events(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    usage = chunks[-1]
+    assert usage["choices"] == []
+    assert usage["usage"]["completion_tokens"] == 9
+    finish = chunks[-2]["choices"][0]
+    assert finish["finish_reason"] == "length"
+    token_chunks = chunks[:-2]
+    if endpoint == "chat":
+        texts = [c["choices"][0]["delta"]["content"] for c in token_chunks]
+        assert token_chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert token_chunks[0]["object"] == "chat.completion.chunk"
+    else:
+        texts = [c["choices"][0]["text"] for c in token_chunks]
+    assert len(texts) == 9
+    assert all(len(t) == 1 for t in texts)
+
+
+def test_bad_requests_get_openai_style_errors(demo: DemoStack) -> None:
+    base = demo.server.base_url
+    too_long = httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 10_000})
+    assert too_long.status_code == 400
+    assert "max_seq" in too_long.json()["error"]["message"]
+    wrong_model = httpx.post(f"{base}/v1/completions", json={"prompt": "x", "model": "gpt-5"})
+    assert wrong_model.status_code == 404
+    assert wrong_model.json()["error"]["param"] == "model"
+    no_prompt = httpx.post(f"{base}/v1/completions", json={"max_tokens": 3})
+    assert no_prompt.status_code == 400
+    not_json = httpx.post(f"{base}/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"})
+    assert not_json.status_code == 400
+
+
+def test_client_disconnect_mid_stream_frees_the_slot_and_serving_continues(demo: DemoStack) -> None:
+    engine = demo.engine
+    aborted_before = engine.stats.aborted
+    body = {"prompt": "never mind", "max_tokens": 400, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", demo.server.base_url + "/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        got: list[str] = []
+        for line in lines:
+            if line.startswith("data: "):
+                got.append(line)
+            if len(got) == 3:
+                break
+        assert engine.active_slots == 1
+    # leaving the `with` closed the connection after 3 of 400 tokens
+    assert _wait_for(lambda: engine.active_slots == 0), "the server kept the slot of a gone client"
+    assert engine.stats.aborted == aborted_before + 1
+    r2 = httpx.post(demo.server.base_url + "/v1/completions", json={"prompt": "still there?", "max_tokens": 4})
+    assert r2.status_code == 200
+    assert r2.json()["usage"]["completion_tokens"] <= 4
+    assert engine.active_slots == 0
+
+
+@needs_monitor
+def test_client_and_server_agree_on_counts_and_ttft() -> None:
+    from perfsdk.bench import BenchConfig, benchmark
+
+    with start_demo(size="tiny", device="cpu", port=0, max_batch_slots=4, max_seq=512) as demo:
+        result = benchmark(
+            BenchConfig(
+                base_url=demo.server.base_url,
+                model=demo.model_name,
+                num_prompts=16,
+                request_rate=8.0,
+                input_len="uniform:16-64",
+                output_len="uniform:4-24",
+                ignore_eos=True,
+                seed=3,
+                progress=False,
+            ),
+            progress=False,
+        )
+        assert demo.engine.wait_idle()
+        assert demo.monitor.flush(timeout=10.0)
+        reg = demo.monitor.registry
+        ok = [r for r in result.records if r.ok]
+        s = result.summary
+
+        # counts agree exactly
+        assert s["completed"] == len(ok) == 16
+        assert histogram_count(reg, TTFT) == 16
+        assert histogram_count(reg, "gen_ai_server_request_duration_seconds") == 16
+        assert histogram_count(reg, "perfsdk_request_queue_seconds") == 16
+        assert histogram_count(reg, "perfsdk_inter_token_latency_seconds") == sum(len(r.itl) for r in ok)
+        assert s["total_output_tokens"] == demo.engine.stats.tokens_generated == sum(r.chunks for r in ok)
+        assert all(r.usage_reported and r.output_tokens == r.chunks for r in ok)
+
+        # TTFT: the client clock starts before the server's and stops after it, so for every bucket
+        # bound the server has at least as many requests below it as the client does ...
+        client_ttft = sorted(r.ttft for r in ok)
+        buckets = histogram_buckets(reg, TTFT)
+        for le, cum in buckets:
+            assert cum >= sum(1 for t in client_ttft if t <= le), f"client faster than server below {le} s"
+        # ... and the medians sit in the same bucket or the next one: the gap is HTTP and the hand-off
+        # from the engine thread to the event loop, not a different measurement.
+        rank = math.ceil(len(client_ttft) / 2)
+        server_idx = next(i for i, (_, cum) in enumerate(buckets) if cum >= rank)
+        client_idx = next(i for i, (le, _) in enumerate(buckets) if client_ttft[rank - 1] <= le)
+        assert server_idx <= client_idx <= server_idx + 1, (buckets, client_ttft)
+        assert histogram_quantile(reg, TTFT, 0.5) is not None
