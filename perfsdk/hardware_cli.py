@@ -72,8 +72,8 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
 
-    def versus(measured: float, peak: float | None) -> str:
-        return f"   {measured / peak:6.1%} of datasheet {_rate(peak, '')}".rstrip() if peak else ""
+    def versus(measured: float, peak: float | None, unit: str) -> str:
+        return f"   {measured / peak:6.1%} of datasheet {_rate(peak, unit)}" if peak else ""
 
     threads = cal.details.get("threads")
     where = f"{cal.backend}, torch {cal.torch_version}" + (f", {threads} threads" if threads else "")
@@ -81,12 +81,12 @@ def _run_calibrate(args: argparse.Namespace) -> int:
         ("device", f"{cal.device} ({where})"),
         ("measured", f"{cal.measured_at}" + (" (quick)" if cal.quick else "")),
         ("copy (read+write)", f"{_rate(cal.copy_bandwidth, 'B/s'):>12}"
-         + versus(cal.copy_bandwidth, spec.memory_bandwidth if spec else None)),
+         + versus(cal.copy_bandwidth, spec.memory_bandwidth if spec else None, 'B/s')),
     ]  # fmt: skip
     for dtype, rate in cal.flops.items():
         # fp32 is measured with TF32 off, so it lines up with the non-tensor "fp32" peak
         peak = spec.flops.get(dtype) if spec else None
-        rows.append((f"GEMM {dtype}", f"{_rate(rate, 'FLOP/s'):>12}" + versus(rate, peak)))
+        rows.append((f"GEMM {dtype}", f"{_rate(rate, 'FLOP/s'):>12}" + versus(rate, peak, "FLOP/s")))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
