@@ -50,33 +50,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (default: auto)")
     p.add_argument("--model-size", default=None, help="tiny | small | 1b (default: tiny on CPU, 1b on CUDA)")
-    p.add_argument(
-        "--duration", type=float, default=None, help="seconds of load (default 25 on CPU, 30 on CUDA)"
-    )
-    p.add_argument(
-        "--num-prompts", type=int, default=None, help="requests to send (default: rate × duration)"
-    )
-    p.add_argument(
-        "--request-rate", type=float, default=None, help="requests/s, Poisson (default 4 CPU, 16 CUDA)"
-    )
+    p.add_argument("--duration", type=float, default=None, help="seconds of load (default 25 on CPU, 30 on CUDA)")
+    p.add_argument("--num-prompts", type=int, default=None, help="requests to send (default: rate × duration)")
+    p.add_argument("--request-rate", type=float, default=None, help="requests/s, Poisson (default 4 CPU, 16 CUDA)")
     p.add_argument("--input-len", default="uniform:32-128", help="prompt tokens: N or uniform:A-B")
-    p.add_argument(
-        "--output-len", default=None, help="output tokens: N or uniform:A-B (default 64 CPU, 128 CUDA)"
-    )
+    p.add_argument("--output-len", default=None, help="output tokens: N or uniform:A-B (default 64 CPU, 128 CUDA)")
     p.add_argument("--max-batch", type=int, default=8, help="KV-cache slots: most requests decoded together")
     p.add_argument("--serve", action="store_true", help="keep serving after the report, until Ctrl-C")
     p.add_argument("--seed", type=int, default=0, help="weights, prompts and sampling seed")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument(
-        "--no-calibrate", action="store_true", help="on CPU, skip the quick calibration (MBU/MFU off)"
-    )
+    p.add_argument("--no-calibrate", action="store_true", help="on CPU, skip the quick calibration (MBU/MFU off)")
     p.set_defaults(func=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from perfsdk.bench import BenchConfig, benchmark  # noqa: PLC0415 - heavy, only for this command
-    from perfsdk.demo.report import build_report, format_report  # noqa: PLC0415
-    from perfsdk.demo.stack import resolve_device, start_demo  # noqa: PLC0415
+    from perfsdk.bench import BenchConfig, benchmark
+    from perfsdk.demo.report import build_report, format_report
+    from perfsdk.demo.stack import resolve_device, start_demo
 
     device = resolve_device(args.device)
     kind = "cuda" if device.startswith("cuda") else "cpu"

@@ -311,9 +311,7 @@ class Engine:
         handle._async_queue = q
         return handle
 
-    def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, timeout: float = 60.0
-    ) -> GenerationResult:
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams, timeout: float = 60.0) -> GenerationResult:
         """Submit from a plain thread and block until the request finishes."""
         q: queue.SimpleQueue[int | _Finish] = queue.SimpleQueue()
 
@@ -351,9 +349,7 @@ class Engine:
             raise RuntimeError("the engine is not running: call start() or use it as a context manager")
         recorder: _RequestRecorder = self.monitor.request(prompt_tokens=n) if self.monitor else _NULL_RECORDER
         rid = f"{next(self._ids)}"
-        handle = GenerationHandle(
-            rid, prompt_ids, params, recorder=recorder, deliver=deliver, wake_engine=self._wake
-        )
+        handle = GenerationHandle(rid, prompt_ids, params, recorder=recorder, deliver=deliver, wake_engine=self._wake)
         with self._cv:
             self.stats.submitted += 1
             self._waiting.append(handle)
@@ -479,9 +475,7 @@ class Engine:
             else:
                 h._deliver([token])
 
-    def _finish(
-        self, h: GenerationHandle, reason: str, error: str | None = None, delivered: bool = False
-    ) -> None:
+    def _finish(self, h: GenerationHandle, reason: str, error: str | None = None, delivered: bool = False) -> None:
         """Free the slot, record the end, tell the consumer. Called exactly once per request."""
         if h.engine_done:
             return

@@ -61,9 +61,7 @@ class ModelArgs:
         if self.dim % self.n_head:
             raise ConfigError(f"ModelArgs.dim ({self.dim}) must be a multiple of n_head ({self.n_head})")
         if self.n_head % self.n_kv_head:
-            raise ConfigError(
-                f"ModelArgs.n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})"
-            )
+            raise ConfigError(f"ModelArgs.n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
 
     @property
     def head_dim(self) -> int:
@@ -230,9 +228,7 @@ class Transformer(nn.Module):
         self.max_seq = max_seq
         with torch.device(device):
             self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-            self.layers = nn.ModuleList(
-                Block(args, max_batch_slots, max_seq, dtype) for _ in range(args.n_layer)
-            )
+            self.layers = nn.ModuleList(Block(args, max_batch_slots, max_seq, dtype) for _ in range(args.n_layer))
             self.norm = RMSNorm(args.dim, args.norm_eps)
             self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
             half = args.head_dim // 2

@@ -104,7 +104,7 @@ def build_report(
     monitor_stats: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     """Everything the report prints, as plain data (``--json`` prints this)."""
-    from perfsdk import budget  # noqa: PLC0415
+    from perfsdk import budget
 
     registry = getattr(stack.monitor, "registry", None)
     summary: Mapping[str, Any] = bench.summary if bench is not None else {}
@@ -257,9 +257,7 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
         f" ({'agree' if agree else 'DISAGREE'}); output tokens: client "
         f"{_f(counts['client_output_tokens'], '{}')}, engine {counts['engine_tokens']}"
     )
-    lines.append(
-        "  server quantiles are estimated from histogram buckets, as PromQL's histogram_quantile does;"
-    )
+    lines.append("  server quantiles are estimated from histogram buckets, as PromQL's histogram_quantile does;")
     lines.append("  client TTFT adds HTTP and the event loop's hand-off to what the server measured.")
     lines.append("")
     lines.append("Steps")
@@ -270,9 +268,7 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
             f"{_pct(st['mbu_mean']):>9}{_pct(st['mfu_mean']):>9}"
         )
     dec = r["steps"]["decode"]
-    lines.append(
-        f"  decode batch: mean {_f(dec.get('batch_mean'), '{:.1f}')}, max {_f(dec.get('batch_max'), '{}')}"
-    )
+    lines.append(f"  decode batch: mean {_f(dec.get('batch_mean'), '{:.1f}')}, max {_f(dec.get('batch_max'), '{}')}")
     lines.append("")
     fl = r["floors"]
     lines.append("Floors for this model on this machine")
@@ -306,9 +302,7 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
         lines.append(f"  metrics:  curl {nxt['metrics_url']}")
         lines.append(f"  profiler: curl -X POST '{nxt['profile_url']}'")
     else:
-        lines.append(
-            "  the server stopped with this report; keep it running with `perfsdk demo --serve --port 8000`"
-        )
+        lines.append("  the server stopped with this report; keep it running with `perfsdk demo --serve --port 8000`")
         lines.append("  metrics:  curl http://127.0.0.1:8000/metrics  (point Prometheus at it)")
         lines.append("  profiler: curl -X POST 'http://127.0.0.1:8000/debug/profile?steps=4'")
     if not nxt.get("profiler_available"):
@@ -318,7 +312,6 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
     mon = r["monitor"]
     if mon.get("dropped_records") or mon.get("internal_errors"):
         lines.append(
-            f"  note: the monitor dropped {mon['dropped_records']} records, "
-            f"{mon['internal_errors']} internal errors"
+            f"  note: the monitor dropped {mon['dropped_records']} records, {mon['internal_errors']} internal errors"
         )
     return "\n".join(lines)

@@ -146,9 +146,7 @@ def create_app(
             raise _BadRequest("the request body must be a JSON object")
         model = body.get("model")
         if model is not None and model != model_name:
-            raise _BadRequest(
-                f"The model `{model}` does not exist; this server has `{model_name}`.", "model", 404
-            )
+            raise _BadRequest(f"The model `{model}` does not exist; this server has `{model_name}`.", "model", 404)
         return body
 
     def submit(text: str, params: SamplingParams) -> GenerationHandle:
@@ -172,7 +170,7 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest  # noqa: PLC0415
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
         return Response(generate_latest(registry or CollectorRegistry()), media_type=CONTENT_TYPE_LATEST)
 
@@ -181,9 +179,7 @@ def create_app(
         # The profiler window belongs to the monitor; absent (older perfsdk, no monitor) means 501.
         start = getattr(monitor, "profile", None)
         if start is None:
-            return _error(
-                "this server's monitor has no profiler window (perfsdk.Monitor.profile)", status=501
-            )
+            return _error("this server's monitor has no profiler window (perfsdk.Monitor.profile)", status=501)
         try:
             window = start(steps=steps, mode=mode)
         except ConfigError as e:
@@ -293,9 +289,7 @@ class DemoServer:
     ``port=0`` asks the OS for a free port; :attr:`port` and :attr:`base_url` say which one it gave.
     """
 
-    def __init__(
-        self, app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
-    ) -> None:
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port must be in 0..65535, got {port}")
         self.host = host
@@ -324,8 +318,7 @@ class DemoServer:
         while not self._server.started:
             if not self._thread.is_alive():
                 raise ConfigError(
-                    f"port: cannot listen on {self.host}:{self.requested_port} (in use?); "
-                    "pass --port 0 for a free one"
+                    f"port: cannot listen on {self.host}:{self.requested_port} (in use?); pass --port 0 for a free one"
                 )
             if time.monotonic() > deadline:
                 self.stop()

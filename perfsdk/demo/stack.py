@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 def resolve_device(device: str) -> str:
     """``"auto"`` -> ``"cuda"`` when a GPU is usable, else ``"cpu"``; checks an explicit ``"cuda"``."""
-    import torch  # noqa: PLC0415 - heavy; only the demo needs it
+    import torch
 
     d = device.strip().lower()
     if d == "auto":
@@ -77,7 +77,7 @@ class DemoStack:
 
 
 def _hardware(device: str, calibrate: bool) -> tuple[Any, str]:
-    from perfsdk import hardware  # noqa: PLC0415
+    from perfsdk import hardware
 
     if device.startswith("cuda"):
         try:
@@ -96,9 +96,9 @@ def _hardware(device: str, calibrate: bool) -> tuple[Any, str]:
 
 def _monitor(spec: Any, hw: Any, model_name: str) -> tuple[Any, str]:
     try:
-        from prometheus_client import CollectorRegistry  # noqa: PLC0415
+        from prometheus_client import CollectorRegistry
 
-        import perfsdk  # noqa: PLC0415
+        import perfsdk
 
         monitor_cls = perfsdk.Monitor
     except (ImportError, AttributeError) as e:
@@ -111,7 +111,7 @@ def _monitor(spec: Any, hw: Any, model_name: str) -> tuple[Any, str]:
 
 def _warm_up(model: Any) -> None:
     """One prefill and one decode outside the monitor: first calls pay for lazy init, not the report."""
-    import torch  # noqa: PLC0415
+    import torch
 
     ids = torch.arange(16, device=model.device)
     model.prefill(ids, slot=0)
@@ -132,26 +132,24 @@ def start_demo(
     calibrate: bool = True,
 ) -> DemoStack:
     """Build the model on *device*, wrap it in a monitor and an engine, and start serving on *port*."""
-    import torch  # noqa: PLC0415
+    import torch
 
-    from perfsdk.demo.engine import Engine  # noqa: PLC0415
-    from perfsdk.demo.model import ModelArgs, Transformer, default_size  # noqa: PLC0415
-    from perfsdk.demo.server import DemoServer, create_app  # noqa: PLC0415
+    from perfsdk.demo.engine import Engine
+    from perfsdk.demo.model import ModelArgs, Transformer, default_size
+    from perfsdk.demo.server import DemoServer, create_app
 
     dev = resolve_device(device)
     size = size or default_size(dev)
     args = ModelArgs.from_name(size)
     dtype = torch.bfloat16 if dev.startswith("cuda") else torch.float32
-    model = Transformer(
-        args, max_batch_slots=max_batch_slots, max_seq=max_seq, device=dev, dtype=dtype, seed=seed
-    )
+    model = Transformer(args, max_batch_slots=max_batch_slots, max_seq=max_seq, device=dev, dtype=dtype, seed=seed)
     model_name = f"demo-{size}"
     _warm_up(model)
     notes: list[str] = []
     spec = hw = mon = None
     hw_note = "not used (--no-instrument)"
     if instrument:
-        from perfsdk.model import ModelSpec  # noqa: PLC0415
+        from perfsdk.model import ModelSpec
 
         spec = ModelSpec.from_module(
             model,

@@ -1,0 +1,68 @@
+"""``perfsdk demo`` end to end, as a newcomer runs it: a subprocess, a readable report, exit code 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+pytest.importorskip("aiohttp")
+
+from perfsdk.demo.report import HEADINGS
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str, timeout: float = 120, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if cache is not None:  # a fresh clone: no calibration cached yet
+        env["PERFSDK_CACHE_DIR"] = str(cache)
+    return subprocess.run(
+        [sys.executable, "-m", "perfsdk.cli", "demo", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_perfsdk_demo_prints_the_report_and_exits_zero(tmp_path: Path) -> None:
+    proc = _run("--duration", "8", cache=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    positions = [out.find(h) for h in HEADINGS]
+    assert all(p >= 0 for p in positions), f"missing headings in:\n{out}"
+    assert positions == sorted(positions), "report sections out of order"
+    for row in ("TTFT", "TPOT", "ITL", "prefill", "decode", "/metrics", "/debug/profile"):
+        assert row in out
+    assert "Traceback" not in proc.stderr
+    assert ", 0 failed" in out
+    assert "calibrated" in out  # the CPU was measured, so floors and MBU/MFU are on
+
+
+def test_perfsdk_demo_json_counts_agree() -> None:
+    proc = _run("--duration", "2", "--request-rate", "4", "--output-len", "8", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    counts = report["counts"]
+    assert counts["client_completed"] == report["load"]["num_prompts"] == 8
+    if report["monitor"]["available"]:
+        assert counts["server_requests"] == counts["server_first_tokens"] == 8
+    assert counts["client_output_tokens"] == counts["engine_tokens"] == 64
+
+
+def test_bad_flags_are_reported_without_a_traceback() -> None:
+    proc = _run("--model-size", "huge", timeout=60)
+    assert proc.returncode == 2
+    assert "huge" in proc.stderr and "tiny" in proc.stderr
+    assert "Traceback" not in proc.stderr
