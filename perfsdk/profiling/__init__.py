@@ -1,0 +1,15 @@
+"""Profiling: the opt-in profiler window and the trace diagnosis.
+
+* :mod:`perfsdk.profiling.window` — ``mon.enable_profiler(...)`` / ``mon.profile()``: wait for
+  steady decode steps, record a few under torch.profiler (or an Nsight Systems capture range),
+  diagnose them; the gate is in :mod:`~perfsdk.profiling.steady`, the automatic and signal
+  triggers in :mod:`~perfsdk.profiling.triggers`, sessions and files in :mod:`~perfsdk.profiling.capture`.
+* :mod:`perfsdk.profiling.analyze` — ``analyze_trace(path)``: where a step's time went, and what
+  to change next (also ``perfsdk analyze``).
+
+Importing this package imports nothing else; torch is imported only when a capture starts.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

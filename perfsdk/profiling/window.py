@@ -1,0 +1,593 @@
+"""The opt-in profiler window: a few steady decode steps under a profiler, then a diagnosis.
+
+Usage::
+
+    mon = perfsdk.Monitor(model=..., hardware="auto")
+    mon.enable_profiler(                      # off until this call; every argument is optional
+        mode="torch",                         # or "nsys": cudaProfilerStart/Stop around the window
+        steps=4, wait=0, warmup=1,            # torch.profiler schedule, counted in decode steps
+        directory="./perfsdk-traces", keep=10, min_free_mb=512,
+        steady_window=32, steady_cv=0.05, warmup_steps=16, steady_timeout_s=120,
+        auto=True, auto_drop=0.2, auto_windows=3, cooldown_s=600, max_per_hour=4,
+        signal=True,                          # SIGUSR2 triggers a capture (main thread only)
+    )
+
+    handle = mon.profile(steps=4)             # API trigger; or: curl -X POST 'http://127.0.0.1:9400/profile?steps=4'
+    handle.to_dict()                          # {"accepted": True, "id": 1, "state": "armed", ...}
+    result = handle.wait(timeout=60)          # CaptureResult, or None while still waiting
+    result.trace                              # .../perfsdk-<host>-<pid>-rank0-<UTC>.pt.trace.json.gz
+    result.diagnosis["findings"][0]["kind"]   # "launch_bound"; also written to <trace>.diagnosis.json
+    result.steady                             # False when the gate timed out and captured anyway
+
+    # nsys: nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop python serve.py
+    #       then mon.profile(mode="nsys") records exactly the window's steps, with perfsdk's NVTX ranges.
+
+and in the log, one line per capture::
+
+    perfsdk profile: launch_bound (93% of step time, GPU busy 7%) -> Capture the step in a CUDA graph ...; trace: ...
+
+**Triggers.** :meth:`ProfilerWindow.trigger` (``mon.profile()``), ``POST /profile`` on the
+metrics server (loopback only unless a token is set), ``SIGUSR2`` with ``signal=True``, and,
+with ``auto=True``, a drop of the rolling decode MBU *auto_drop* below its trailing baseline for
+*auto_windows* windows of *auto_window_steps* steps in a row (at most one automatic capture per
+*cooldown_s*, at most *max_per_hour*; see :mod:`perfsdk.profiling.triggers`). One window at a
+time: a trigger while another capture is armed, running or being written is refused, with the
+reason in ``handle.to_dict()["reason"]`` (HTTP 409).
+
+**The gate.** An accepted trigger *arms* the window. The collector thread feeds every decode step
+to a :class:`~perfsdk.profiling.steady.SteadyGate`; when the step-time coefficient of variation
+over the last *steady_window* steps of one batch size drops under *steady_cv* (the first
+*warmup_steps* steps after enabling, and after every batch-size change, are skipped), or when
+*steady_timeout_s* have passed since arming (the capture is then marked ``steady=False``), the
+window turns ``hot``.
+
+**The capture.** While ``hot``, each Phase calls :meth:`~ProfilerWindow.step_begin` and
+:meth:`~ProfilerWindow.step_end` on the serving thread: the profiler is started, stepped and
+stopped there (see :mod:`perfsdk.profiling.capture`), never from another thread. When ``hot`` is
+False (always, unless a capture is imminent or running) the cost to a step is one attribute read.
+Any exception there is counted in ``perfsdk_internal_errors_total``, aborts the capture, and the
+step runs on: a profiler failure never stops serving.
+
+**After.** A background thread writes the trace atomically (disk guard and retention count),
+runs :func:`~perfsdk.profiling.analyze.analyze_trace`, writes ``<trace>.diagnosis.json``, logs
+the verdict and sets ``perfsdk_profile_gpu_busy_fraction``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from perfsdk.errors import ConfigError
+from perfsdk.profiling.capture import (
+    NsysSession,
+    Session,
+    TorchSession,
+    diagnosis_path,
+    free_mb,
+    prune,
+    trace_name,
+    verdict,
+    write_json_atomic,
+    write_trace,
+)
+from perfsdk.profiling.steady import SteadyGate
+from perfsdk.profiling.triggers import CaptureBudget, MbuDropDetector, SignalTrigger
+
+if TYPE_CHECKING:
+    from perfsdk.monitor import Monitor
+
+__all__ = ["MODES", "CaptureHandle", "CaptureResult", "ProfilerWindow"]
+
+log = logging.getLogger("perfsdk")
+
+MODES = ("torch", "nsys")
+MAX_STEPS = 1000  # a trace of more steps is too large to diagnose or to open in a viewer
+
+# window states
+IDLE, ARMED, READY, RUNNING, WRITING = "idle", "armed", "ready", "running", "writing"
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """What one capture produced; ``error`` is set when it failed (the server kept serving)."""
+
+    id: int
+    mode: str
+    trigger: str
+    steady: bool
+    steps: int
+    trace: str | None = None
+    diagnosis: dict[str, Any] | None = field(default=None, repr=False)
+    diagnosis_path: str | None = None
+    verdict: str | None = None
+    error: str | None = None
+    step_cv: float | None = None
+    batch: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class CaptureHandle:
+    """What a trigger returns: whether it was accepted (and why not), and a way to wait for it."""
+
+    def __init__(self, *, accepted: bool, reason: str | None = None, id: int = 0, mode: str = "",
+                 steps: int = 0, trigger: str = "") -> None:
+        self.accepted = accepted
+        self.reason = reason
+        self.id = id
+        self.mode = mode
+        self.steps = steps
+        self.trigger = trigger
+        self.state = ARMED if accepted else "refused"
+        self.result: CaptureResult | None = None
+        self._done = threading.Event()
+        if not accepted:
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> CaptureResult | None:
+        """The result once the capture is written and diagnosed; None on timeout or if refused."""
+        self._done.wait(timeout)
+        return self.result
+
+    def _finish(self, result: CaptureResult | None, state: str) -> None:
+        self.result = result
+        self.state = state
+        self._done.set()
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"accepted": self.accepted, "state": self.state}
+        if self.reason is not None:
+            d["reason"] = self.reason
+        if self.accepted:
+            d.update(id=self.id, mode=self.mode, steps=self.steps, trigger=self.trigger)
+        if self.result is not None:
+            d["result"] = {k: v for k, v in self.result.to_dict().items() if k != "diagnosis"}
+        return d
+
+
+def _check(field_name: str, value: Any, kind: type, low: float | None = None, high: float | None = None,
+           open_low: bool = False) -> Any:
+    ok_type = (isinstance(value, (int, float)) and not isinstance(value, bool)) if kind is float else \
+        (type(value) is kind)
+    if not ok_type:
+        raise ConfigError(f"{field_name}: expected {'a number' if kind is float else kind.__name__}, got {value!r}")
+    if low is not None and (value <= low if open_low else value < low):
+        raise ConfigError(f"{field_name}: must be {'>' if open_low else '>='} {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ConfigError(f"{field_name}: must be <= {high}, got {value!r}")
+    return value
+
+
+class ProfilerWindow:
+    """See the module docstring. Built by :meth:`perfsdk.Monitor.enable_profiler`."""
+
+    def __init__(
+        self,
+        mon: Monitor,
+        *,
+        mode: str = "torch",
+        steps: int = 4,
+        wait: int = 0,
+        warmup: int = 1,
+        directory: str | os.PathLike[str] = "./perfsdk-traces",
+        keep: int = 10,
+        min_free_mb: float = 512,
+        steady_window: int = 32,
+        steady_cv: float = 0.05,
+        warmup_steps: int = 16,
+        steady_timeout_s: float = 120.0,
+        max_capture_s: float = 120.0,
+        auto: bool = False,
+        auto_drop: float = 0.2,
+        auto_windows: int = 3,
+        auto_baseline_windows: int = 10,
+        auto_window_steps: int = 64,
+        cooldown_s: float = 600.0,
+        max_per_hour: int = 4,
+        signal: bool = False,
+        record_shapes: bool = True,
+        with_stack: bool = False,
+        profile_memory: bool = False,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.mode = self._check_mode(mode)
+        self.steps = self._check_steps(steps)
+        self.wait = _check("wait", wait, int, 0)
+        self.warmup = _check("warmup", warmup, int, 0)
+        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+            raise ConfigError(f"directory: expected a path, got {directory!r}")
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.keep = _check("keep", keep, int, 1)
+        self.min_free_mb = float(_check("min_free_mb", min_free_mb, float, 0))
+        _check("steady_window", steady_window, int, 2)
+        _check("steady_cv", steady_cv, float, 0, open_low=True)
+        _check("warmup_steps", warmup_steps, int, 0)
+        self.steady_timeout_s = float(_check("steady_timeout_s", steady_timeout_s, float, 0, open_low=True))
+        self.max_capture_s = float(_check("max_capture_s", max_capture_s, float, 0, open_low=True))
+        for name, flag in (("auto", auto), ("signal", signal), ("record_shapes", record_shapes),
+                           ("with_stack", with_stack), ("profile_memory", profile_memory)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"{name}: expected True or False, got {flag!r}")
+        _check("auto_drop", auto_drop, float, 0, 1, open_low=True)
+        if auto_drop >= 1:
+            raise ConfigError(f"auto_drop: a fraction below 1, got {auto_drop!r}")
+        _check("auto_windows", auto_windows, int, 1)
+        _check("auto_baseline_windows", auto_baseline_windows, int, 1)
+        _check("auto_window_steps", auto_window_steps, int, 1)
+        _check("cooldown_s", cooldown_s, float, 0)
+        _check("max_per_hour", max_per_hour, int, 1)
+        if clock is not None and not callable(clock):
+            raise ConfigError(f"clock: expected a () -> seconds callable, got {clock!r}")
+        if self.mode == "torch" and importlib.util.find_spec("torch") is None:
+            from perfsdk.errors import MissingDependencyError
+
+            raise MissingDependencyError("torch", "the profiler window's torch mode")
+        self._profiler_options = {"record_shapes": record_shapes, "with_stack": with_stack,
+                                  "profile_memory": profile_memory}
+
+        self._mon = mon
+        self._clock: Callable[[], float] = clock or time.monotonic
+        # hot is the one attribute the serving thread reads per step; written under _lock only
+        self.hot = False
+        self._lock = threading.Lock()
+        self._state = IDLE
+        self._handle: CaptureHandle | None = None
+        self._session: Session | None = None
+        self._owner: int | None = None  # thread that started the profiler: the only one that steps it
+        self._armed_at = 0.0
+        self._started_at = 0.0
+        self._abort_reason: str | None = None
+        self._steady = False  # what the gate said when it opened, for the result
+        self._step_cv: float | None = None
+        self._batch: int | None = None
+        self._closed = False
+        self._next_id = 0
+        self._workers: list[threading.Thread] = []
+        self.captures = 0
+        self.failures = 0
+        self.auto_fired = 0
+        self.auto_suppressed = 0
+        self.last_result: CaptureResult | None = None
+        self._gate = SteadyGate(steady_window, float(steady_cv), warmup_steps)
+        self._detector = MbuDropDetector(auto_window_steps, float(auto_drop), auto_windows,
+                                         auto_baseline_windows) if auto else None
+        self._budget = CaptureBudget(float(cooldown_s), max_per_hour, self._clock)
+        self._signal = SignalTrigger(self._on_signal) if signal else None
+
+    # ---- validation -----------------------------------------------------------------------------
+    @staticmethod
+    def _check_mode(mode: Any) -> str:
+        if mode not in MODES:
+            raise ConfigError(f"mode: expected 'torch' or 'nsys', got {mode!r}")
+        return str(mode)
+
+    @staticmethod
+    def _check_steps(steps: Any) -> int:
+        return int(_check("steps", steps, int, 1, MAX_STEPS))
+
+    # ---- triggers (any thread) --------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """``idle``, ``armed`` (waiting for the gate), ``ready``, ``running`` or ``writing``."""
+        return self._state
+
+    def trigger(self, steps: int | None = None, mode: str | None = None, reason: str = "api") -> CaptureHandle:
+        """Ask for one capture; refused (``accepted=False`` and a reason) while another is under way."""
+        mode = self.mode if mode is None else self._check_mode(mode)
+        steps = self.steps if steps is None else self._check_steps(steps)
+        refusal = self._precheck(mode)
+        with self._lock:
+            if refusal is None and self._closed:
+                refusal = "closed: the profiler window was closed"
+            if refusal is None and self._state != IDLE:
+                cur = self._handle
+                refusal = (f"busy: capture {cur.id if cur else '?'} ({cur.trigger if cur else '?'}) is "
+                           f"{self._state}; one window at a time")
+            if refusal is not None:
+                log.info("perfsdk profile: %s trigger refused: %s", reason, refusal)
+                return CaptureHandle(accepted=False, reason=refusal, mode=mode, steps=steps, trigger=reason)
+            self._next_id += 1
+            handle = CaptureHandle(accepted=True, id=self._next_id, mode=mode, steps=steps, trigger=reason)
+            self._handle = handle
+            self._state = ARMED
+            self._armed_at = self._clock()
+            self._abort_reason = None
+        log.info("perfsdk profile: capture %d armed (%s, %s, %d steps); waiting for steady decode steps",
+                 handle.id, reason, mode, steps)
+        return handle
+
+    def _precheck(self, mode: str) -> str | None:
+        """Reasons to refuse before arming: no disk room, no CUDA for nsys."""
+        if mode == "nsys":
+            try:
+                import torch
+
+                if not torch.cuda.is_available():
+                    return "nsys: no CUDA device here; cudaProfilerStart needs one (use mode='torch')"
+            except Exception as e:
+                return f"nsys: torch with CUDA is needed ({type(e).__name__}: {e})"
+            return None
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as e:
+            return f"directory: cannot create {self.directory}: {e.strerror or e}"
+        free = free_mb(self.directory)
+        if free < self.min_free_mb:
+            return (f"disk: only {free:.0f} MiB free under {self.directory}, below min_free_mb="
+                    f"{self.min_free_mb:g}; free space or lower min_free_mb")
+        return None
+
+    def _on_signal(self) -> None:
+        try:
+            self.trigger(reason="signal")
+        except Exception as e:
+            self._mon._errors.record(e, "profiler window SIGUSR2")
+
+    def cancel(self, reason: str = "cancelled") -> bool:
+        """Drop an armed capture now; a running one is stopped at its next step. False if none."""
+        with self._lock:
+            st = self._state
+            if st in (ARMED, READY):
+                handle = self._to_idle()
+            elif st == RUNNING:
+                self._abort_reason = reason
+                return True
+            else:
+                return False
+        if handle is not None:
+            handle._finish(None, reason)
+        return True
+
+    def _to_idle(self) -> CaptureHandle | None:
+        """Back to idle (caller holds the lock); returns the handle to finish outside it."""
+        handle, self._handle = self._handle, None
+        self._state = IDLE
+        self.hot = False
+        self._session = None
+        self._owner = None
+        self._gate.reset()  # profiled steps are slower: start the steady check afresh
+        return handle
+
+    # ---- collector thread -----------------------------------------------------------------------
+    def observe_step(self, phase: str, seconds: float, batch: int, mbu: float | None) -> None:
+        """Every resolved step: feed the gate and the automatic trigger (decode steps only)."""
+        if phase != "decode":
+            return
+        st = self._state
+        if st not in (IDLE, ARMED):  # steps under (or about to be under) the profiler are not normal traffic
+            return
+        self._gate.observe(seconds, batch)
+        if st == ARMED:
+            self._check_gate()
+        elif self._detector is not None and mbu is not None and self._detector.observe(mbu):
+            self._auto_fire()
+
+    def _check_gate(self) -> None:
+        steady = self._gate.steady
+        if not steady and self._clock() - self._armed_at < self.steady_timeout_s:
+            return
+        with self._lock:
+            if self._state != ARMED or self._handle is None:
+                return
+            self._steady = steady
+            self._step_cv = self._gate.cv()
+            self._batch = self._gate.batch
+            self._state = READY
+            self._handle.state = READY
+            self.hot = True  # from now on the serving thread's next step starts the profiler
+        if not steady:
+            log.warning("perfsdk profile: decode steps not steady after %.0f s (step-time CV %s); capturing "
+                        "anyway, marked not steady", self.steady_timeout_s,
+                        "n/a" if self._step_cv is None else f"{self._step_cv:.3f}")
+
+    def _auto_fire(self) -> None:
+        det = self._detector
+        refusal = self._budget.refusal()
+        if refusal is not None:
+            self.auto_suppressed += 1
+            log.info("perfsdk profile: decode MBU dropped but no automatic capture (%s)", refusal)
+            return
+        handle = self.trigger(reason="auto")
+        if handle.accepted:
+            self.auto_fired += 1
+            self._budget.spend()
+            log.warning("perfsdk profile: decode MBU %.3f is more than %.0f%% below its baseline for %d windows; "
+                        "capture %d armed", det.last_window if det and det.last_window is not None else 0.0,
+                        det.drop * 100 if det else 0, det.windows if det else 0, handle.id)
+
+    # ---- serving thread (only while hot) ------------------------------------------------------------
+    def step_begin(self, phase: str) -> None:
+        """Before a step, while hot: start the profiler at the first one, open the step's range."""
+        try:
+            if self._state == READY and not self._start():
+                return
+            if self._state != RUNNING or threading.get_ident() != self._owner:
+                return
+            if self._abort_reason is not None:
+                self._abort(self._abort_reason)
+                return
+            session = self._session
+            if session is not None:
+                session.begin(phase)
+        except Exception as e:
+            self._fail(e, "profiler window step_begin")
+
+    def step_end(self, phase: str) -> None:
+        """After a step, while hot: close its range, step the schedule, stop at the end of the window."""
+        if self._state != RUNNING or threading.get_ident() != self._owner:
+            return
+        try:
+            session = self._session
+            if session is None:
+                return
+            done = session.end(phase)
+            if self._abort_reason is not None:
+                self._abort(self._abort_reason)
+                return
+            timed_out = self._clock() - self._started_at >= self.max_capture_s
+            if not done and not timed_out:
+                return
+            session.stop()
+            self._hand_off(session, truncated=timed_out and not done)
+        except Exception as e:
+            self._fail(e, "profiler window step_end")
+
+    def _start(self) -> bool:
+        with self._lock:
+            if self._state != READY or self._handle is None:
+                return False
+            handle = self._handle
+            self._state = RUNNING
+            self._owner = threading.get_ident()
+        session: Session
+        if handle.mode == "torch":
+            session = TorchSession(wait=self.wait, warmup=self.warmup, active=handle.steps,
+                                   **self._profiler_options)
+        else:
+            session = NsysSession(handle.steps)
+        self._session = session
+        self._started_at = self._clock()
+        handle.state = RUNNING
+        session.start()
+        return True
+
+    def _abort(self, reason: str) -> None:
+        session = self._session
+        if session is not None:
+            session.abort()
+        with self._lock:
+            handle = self._to_idle()
+        if handle is not None:
+            handle._finish(CaptureResult(id=handle.id, mode=handle.mode, trigger=handle.trigger,
+                                         steady=False, steps=0, error=reason), reason)
+
+    def _fail(self, exc: BaseException, where: str) -> None:
+        """A profiler error on the serving thread: count it, drop the capture, let the step run on."""
+        try:
+            self._mon._errors.record(exc, where)
+            self.failures += 1
+            self._abort(f"failed: {type(exc).__name__}: {exc}")
+        except Exception:
+            self.hot = False
+
+    def _hand_off(self, session: Session, truncated: bool) -> None:
+        with self._lock:
+            handle = self._handle
+            self._state = WRITING
+            self.hot = False
+            self._session = None
+            self._owner = None
+            if handle is None:
+                self._state = IDLE
+                return
+            handle.state = WRITING
+            meta = {"steady": self._steady, "step_cv": self._step_cv, "batch": self._batch}
+        t = threading.Thread(target=self._write_and_diagnose, args=(handle, session, meta, truncated),
+                             name="perfsdk-profile-writer", daemon=True)
+        self._workers = [w for w in self._workers if w.is_alive()] + [t]
+        t.start()
+
+    # ---- background thread ----------------------------------------------------------------------
+    def _write_and_diagnose(self, handle: CaptureHandle, session: Session, meta: dict[str, Any],
+                            truncated: bool) -> None:
+        steady = bool(meta["steady"])
+        trace = diag = dpath = line = error = None
+        try:
+            if session.writes_trace:
+                free = free_mb(self.directory)
+                if free < self.min_free_mb:
+                    raise OSError(f"disk: only {free:.0f} MiB free under {self.directory} (min_free_mb="
+                                  f"{self.min_free_mb:g}); trace not written")
+                rank = (getattr(self._mon, "_extra_label_values", ()) or ("0",))[0]
+                trace = write_trace(session, self.directory, trace_name(rank))
+                prune(self.directory, self.keep)
+                capture_meta = {"id": handle.id, "trigger": handle.trigger, "mode": handle.mode,
+                                "steps": handle.steps, "wait": self.wait, "warmup": self.warmup,
+                                "truncated": truncated, **meta}
+                diag, dpath, line = self.diagnose(trace, steady, capture_meta)
+            else:
+                line = (f"perfsdk profile: nsys capture range closed after {session.done} decode steps "
+                        f"(capture {handle.id}, {'steady' if steady else 'not steady'})")
+                log.info("%s", line)
+        except Exception as e:
+            self._mon._errors.record(e, "profiler window write/diagnose")
+            self.failures += 1
+            error = f"{type(e).__name__}: {e}"
+        result = CaptureResult(id=handle.id, mode=handle.mode, trigger=handle.trigger, steady=steady,
+                               steps=handle.steps, trace=trace, diagnosis=diag, diagnosis_path=dpath,
+                               verdict=line, error=error, step_cv=meta["step_cv"], batch=meta["batch"])
+        with self._lock:
+            self.captures += error is None
+            self.last_result = result
+            self._to_idle()
+        handle._finish(result, "done" if error is None else "failed")
+
+    def diagnose(self, trace: str, steady: bool = True, capture: dict[str, Any] | None = None,
+                 ) -> tuple[dict[str, Any], str, str]:
+        """Diagnose *trace*, write ``<trace>.diagnosis.json``, log the verdict, export the busy gauge.
+
+        Returns (diagnosis dict, diagnosis path, verdict line).
+        """
+        from perfsdk.profiling.analyze import analyze_trace
+
+        diagnosis = analyze_trace(trace)
+        d = diagnosis.to_dict()
+        d["capture"] = dict(capture or {}, steady=steady)
+        dpath = diagnosis_path(trace)
+        write_json_atomic(dpath, d)
+        line = verdict(d, trace, steady)
+        log.info("%s", line)
+        busy = diagnosis.gpu_busy_fraction
+        prom = self._mon._prom
+        if busy is not None and prom is not None:
+            prom.profile_busy.set(busy)
+        return d, dpath, line
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """The window's state, counters, gate and automatic-trigger readings, and the last result."""
+        det = self._detector
+        return {
+            "state": self._state,
+            "hot": self.hot,
+            "mode": self.mode,
+            "captures": self.captures,
+            "failures": self.failures,
+            "auto": det is not None,
+            "auto_fired": self.auto_fired,
+            "auto_suppressed": self.auto_suppressed,
+            "mbu_baseline": det.baseline if det else None,
+            "step_cv": self._gate.cv(),
+            "batch": self._gate.batch,
+            "last": None if self.last_result is None else
+            {k: v for k, v in self.last_result.to_dict().items() if k != "diagnosis"},
+        }
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Cancel an armed capture, let a written one finish its diagnosis, restore SIGUSR2. Idempotent.
+
+        A capture already running is stopped by the serving thread at its next step.
+        """
+        with self._lock:
+            self._closed = True
+        self.cancel("closed")
+        for t in list(self._workers):
+            t.join(timeout)
+        sig, self._signal = self._signal, None
+        if sig is not None:
+            try:
+                sig.restore()
+            except Exception as e:
+                log.warning("perfsdk profile: SIGUSR2 handler left installed: %s", e)
