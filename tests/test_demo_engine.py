@@ -82,6 +82,7 @@ def test_more_requests_than_slots_wait_and_all_finish(engine: Engine) -> None:
 
     results = asyncio.run(many())
     assert results == [(6 + i, "length") for i in range(6)]
+    assert engine.wait_idle()
     assert engine.stats.max_running == 2  # never more than the slots
     assert engine.stats.finished == 6
     assert engine.stats.tokens_generated == sum(6 + i for i in range(6))

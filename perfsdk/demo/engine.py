@@ -470,13 +470,17 @@ class Engine:
             self.stats.tokens_generated += 1
             h.recorder.tokens(1)
             if h.generated >= h.params.max_tokens:
-                h._deliver([token, _Finish("length")])
-                self._finish(h, "length", delivered=True)
+                self._finish(h, "length", last_token=token)
             else:
                 h._deliver([token])
 
-    def _finish(self, h: GenerationHandle, reason: str, error: str | None = None, delivered: bool = False) -> None:
-        """Free the slot, record the end, tell the consumer. Called exactly once per request."""
+    def _finish(
+        self, h: GenerationHandle, reason: str, error: str | None = None, last_token: int | None = None
+    ) -> None:
+        """Free the slot, record the end, then tell the consumer (with its last token, if any).
+
+        The book-keeping comes first so that a consumer who sees the end also sees the slot freed.
+        """
         if h.engine_done:
             return
         h.engine_done = True
@@ -492,8 +496,8 @@ class Engine:
             if reason == "abort":
                 self.stats.aborted += 1
             self._cv.notify_all()
-        if not delivered:
-            h._deliver([_Finish(reason, error)])
+        final: list[int | _Finish] = [] if last_token is None else [last_token]
+        h._deliver([*final, _Finish(reason, error)])
 
     def _abort_all(self) -> None:
         with self._cv:
