@@ -37,9 +37,7 @@ def test_batched_decode_of_slots_at_different_positions_matches_each_sequence() 
     model.prefill(a[:20], slot=3)
     model.prefill(b[:5], slot=0)
     for k in range(7):
-        out = model.decode(
-            torch.stack([a[20 + k], b[5 + k]]), torch.tensor([3, 0]), torch.tensor([20 + k, 5 + k])
-        )
+        out = model.decode(torch.stack([a[20 + k], b[5 + k]]), torch.tensor([3, 0]), torch.tensor([20 + k, 5 + k]))
         torch.testing.assert_close(out[0], full_a[20 + k], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(out[1], full_b[5 + k], rtol=1e-4, atol=1e-4)
 
