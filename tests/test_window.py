@@ -1,0 +1,475 @@
+"""The profiler window: gate, triggers, one window at a time, disk guard, retention, failures.
+
+End-to-end tests drive a real decode loop (``mon.decode(...)`` around small CPU ops, on its own
+thread, the way a serving loop runs) and capture with the real torch.profiler; gate and
+automatic-trigger tests feed ``observe_step`` directly with chosen step times and a fake clock.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import perfsdk
+from perfsdk.errors import ConfigError
+from perfsdk.metrics_server import MetricsServer
+from perfsdk.profiling.analyze import analyze_trace
+from perfsdk.profiling.capture import prune
+from perfsdk.profiling.window import ProfilerWindow
+
+DATA = Path(__file__).parent / "data"
+NAME = re.compile(r"^perfsdk-[A-Za-z0-9_.-]+-\d+-rank\d+-\d{8}T\d{9}Z\.pt\.trace\.json\.gz$")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class DecodeLoop:
+    """A serving loop on its own thread: decode steps of a small matmul plus a short sleep.
+
+    The sleep dominates the step time, so step times are steady enough for a loose CV gate
+    even on a busy 2-core machine.
+    """
+
+    def __init__(self, mon: perfsdk.Monitor, batch: int = 2) -> None:
+        import torch
+
+        self.mon = mon
+        self.batch = batch
+        self.steps = 0
+        self.errors: list[BaseException] = []
+        self._x = torch.randn(32, 32)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="serving-loop", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self.mon.decode(batch=self.batch, context_tokens=64 * self.batch):
+                    y = self._x @ self._x
+                    y.relu_()
+                    time.sleep(0.002)
+                self.steps += 1
+        except BaseException as e:  # surfaced by the test
+            self.errors.append(e)
+
+    def __enter__(self) -> DecodeLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def mon(registry: CollectorRegistry) -> Iterator[perfsdk.Monitor]:
+    m = perfsdk.Monitor(model=None, hardware=None, registry=registry, otel=False, nvtx=False, timing="host",
+                        poll_interval=0.002)
+    yield m
+    m.close()
+
+
+def fast_window(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    """Window settings for the end-to-end tests: a short gate, a loose CV, a temp directory."""
+    cfg: dict[str, Any] = {"directory": tmp_path / "traces", "min_free_mb": 1, "steady_window": 8,
+                           "steady_cv": 0.5, "warmup_steps": 4, "steady_timeout_s": 60.0, "steps": 3}
+    cfg.update(extra)
+    return cfg
+
+
+# ---- the gate -------------------------------------------------------------------------------------
+
+
+def test_disabled_window_costs_one_attribute_read(mon: perfsdk.Monitor) -> None:
+    assert mon._window is None  # off unless enabled
+    w = mon.enable_profiler(directory="unused", min_free_mb=0)
+    assert w.hot is False and w.state == "idle"
+    with mon.decode(batch=1):
+        pass
+    assert mon.flush()
+    assert w.hot is False and w.state == "idle"
+
+
+def test_gate_blocks_during_warmup_and_batch_change_then_opens_when_steady(mon: perfsdk.Monitor,
+                                                                           tmp_path: Path) -> None:
+    clock = FakeClock()
+    w = mon.enable_profiler(directory=tmp_path, min_free_mb=0, steady_window=4, steady_cv=0.05,
+                            warmup_steps=5, steady_timeout_s=100, clock=clock)
+    h = w.trigger()
+    assert h.accepted
+    for _ in range(5 + 3):  # 5 skipped + 3 of a 4-step window: not yet
+        w.observe_step("decode", 0.010, 8, None)
+        assert not w.hot and w.state == "armed"
+    w.observe_step("decode", 0.010, 4, None)  # a new batch size: skip 5 again, window restarts
+    for _ in range(5 + 2):
+        w.observe_step("decode", 0.010, 4, None)
+    assert not w.hot and w.state == "armed"
+    w.observe_step("prefill", 0.5, 4, None)  # prefill steps are not what the gate watches
+    w.observe_step("decode", 0.0101, 4, None)
+    assert w.hot and w.state == "ready"
+    assert h.to_dict()["state"] == "ready"
+    w.cancel()
+    assert not w.hot and w.state == "idle"
+
+
+def test_gate_stays_closed_while_steps_vary(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    clock = FakeClock()
+    w = mon.enable_profiler(directory=tmp_path, min_free_mb=0, steady_window=4, steady_cv=0.05,
+                            warmup_steps=0, steady_timeout_s=30, clock=clock)
+    w.trigger()
+    for i in range(50):
+        w.observe_step("decode", 0.010 if i % 2 else 0.020, 8, None)  # CV = 1/3
+    assert w.state == "armed" and not w.hot
+    clock.t += 30  # the timeout: capture anyway, marked not steady
+    w.observe_step("decode", 0.010, 8, None)
+    assert w.state == "ready" and w.hot and w._steady is False
+
+
+def test_no_capture_during_warmup_on_a_real_loop(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    w = mon.enable_profiler(**fast_window(tmp_path, warmup_steps=10**6))
+    h = w.trigger()
+    with DecodeLoop(mon) as loop:
+        assert wait_until(lambda: loop.steps >= 60)
+        assert mon.flush()
+        assert w.state == "armed" and not w.hot
+    assert not (tmp_path / "traces").exists() or not list((tmp_path / "traces").iterdir())
+    w.close()
+    assert h.wait(5) is None and h.to_dict()["state"] == "closed"
+
+
+def test_timeout_captures_anyway_and_marks_not_steady(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    # a CV threshold no real timing meets, and a short timeout
+    w = mon.enable_profiler(**fast_window(tmp_path, steady_cv=1e-12, steady_timeout_s=0.05, steps=2))
+    with DecodeLoop(mon):
+        h = w.trigger()
+        result = h.wait(60)
+    assert result is not None and result.error is None, result
+    assert result.steady is False
+    assert result.trace is not None and result.diagnosis_path is not None
+    saved = json.loads(Path(result.diagnosis_path).read_text())
+    assert saved["capture"]["steady"] is False
+    assert "not steady" in (result.verdict or "")
+
+
+# ---- API trigger, the trace, the diagnosis, retention ----------------------------------------------
+
+
+def test_api_trigger_writes_a_trace_and_its_diagnosis(mon: perfsdk.Monitor, tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="perfsdk")
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    old = []
+    for i in range(2):  # older captures: retention keeps the newest two in all
+        p = traces / f"perfsdk-old-1-rank0-2020010{i}T000000000Z.pt.trace.json.gz"
+        p.write_bytes(b"")
+        Path(f"{p}.diagnosis.json").write_text("{}")
+        os.utime(p, (1e9 + i, 1e9 + i))
+        old.append(p)
+    w = mon.enable_profiler(**fast_window(tmp_path, keep=2))
+    with DecodeLoop(mon) as loop:
+        h = mon.profile(steps=3)
+        assert h.to_dict()["accepted"] is True
+        result = h.wait(60)
+        steps_at_end = loop.steps
+        assert wait_until(lambda: loop.steps > steps_at_end)  # serving went on
+    assert not loop.errors
+    assert result is not None and result.error is None, result
+    assert result.steady is True and result.trigger == "api" and result.batch == 2
+    trace = Path(result.trace or "")
+    assert trace.parent == traces and NAME.match(trace.name), trace.name
+    assert f"-{os.getpid()}-rank0-" in trace.name
+    with gzip.open(trace, "rt") as f:
+        assert json.load(f)["traceEvents"]
+    diag = analyze_trace(trace)
+    assert diag.step_source == "perfsdk" and len(diag.steps) == 3  # exactly the active steps
+    saved = json.loads(Path(f"{trace}.diagnosis.json").read_text())
+    assert saved["step_count"] == 3 and saved["capture"]["steady"] is True
+    assert saved["capture"]["trigger"] == "api"
+    assert result.diagnosis is not None and result.diagnosis["step_count"] == 3
+    assert any(r.getMessage().startswith("perfsdk profile: ") and str(trace) in r.getMessage()
+               for r in caplog.records)
+    # retention: the oldest capture and its diagnosis are gone, the next one stays
+    assert not old[0].exists() and not Path(f"{old[0]}.diagnosis.json").exists()
+    assert old[1].exists()
+    assert not [p for p in traces.iterdir() if p.name.startswith(".")]  # no temp files left
+    assert w.state == "idle" and not w.hot and w.captures == 1
+    assert h.to_dict()["state"] == "done" and h.to_dict()["result"]["trace"] == str(trace)
+
+
+def test_prune_keeps_the_newest(tmp_path: Path) -> None:
+    for i in range(5):
+        p = tmp_path / f"perfsdk-h-1-rank0-{i}.pt.trace.json.gz"
+        p.write_bytes(b"x")
+        os.utime(p, (1e9 + i, 1e9 + i))
+    (tmp_path / "unrelated.json.gz").write_bytes(b"x")
+    removed = prune(tmp_path, 2)
+    assert len(removed) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "perfsdk-h-1-rank0-3.pt.trace.json.gz", "perfsdk-h-1-rank0-4.pt.trace.json.gz", "unrelated.json.gz"]
+
+
+def test_diagnosis_sets_the_gpu_busy_gauge(mon: perfsdk.Monitor, registry: CollectorRegistry,
+                                           tmp_path: Path) -> None:
+    trace = tmp_path / "h200_eager.pt.trace.json.gz"
+    shutil.copy(DATA / "h200_eager.pt.trace.json.gz", trace)
+    w = mon.enable_profiler(directory=tmp_path, min_free_mb=0)
+    _, dpath, line = w.diagnose(str(trace), steady=True)
+    busy = registry.get_sample_value("perfsdk_profile_gpu_busy_fraction", {"model": mon.model_name})
+    assert busy is not None and busy == pytest.approx(analyze_trace(trace).gpu_busy_fraction)
+    assert busy < 0.5
+    assert line.startswith("perfsdk profile: launch_bound (") and str(trace) in line
+    assert json.loads(Path(dpath).read_text())["findings"][0]["kind"] == "launch_bound"
+
+
+# ---- one window at a time, disk guard, nsys without CUDA -------------------------------------------
+
+
+def test_one_window_at_a_time(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    w = mon.enable_profiler(directory=tmp_path, min_free_mb=0)
+    first = mon.profile()
+    second = mon.profile(steps=2)
+    assert first.to_dict()["accepted"] is True
+    info = second.to_dict()
+    assert info["accepted"] is False and "one window at a time" in info["reason"]
+    assert second.wait(0) is None
+    w.cancel()
+    assert mon.profile().to_dict()["accepted"] is True  # free again
+
+
+def test_disk_guard_refuses_with_a_reason(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    mon.enable_profiler(directory=tmp_path, min_free_mb=1e12)
+    info = mon.profile().to_dict()
+    assert info["accepted"] is False
+    assert info["reason"].startswith("disk: ") and "min_free_mb" in info["reason"]
+    assert mon._window.state == "idle"
+
+
+def test_nsys_without_cuda_is_refused(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    mon.enable_profiler(directory=tmp_path, min_free_mb=0)
+    info = mon.profile(mode="nsys").to_dict()
+    assert info["accepted"] is False and info["reason"].startswith("nsys: ")
+
+
+# ---- HTTP trigger -------------------------------------------------------------------------------------
+
+
+def post(url: str, token: str | None = None) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(url, method="POST", data=b"")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_http_trigger_on_loopback_without_token(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    mon.enable_profiler(**fast_window(tmp_path))
+    srv = mon.serve_metrics(port=0)
+    with DecodeLoop(mon):
+        code, body = post(f"{srv.url}/profile?steps=2&mode=torch")
+        assert code == 202 and body["accepted"] is True and body["trigger"] == "http" and body["steps"] == 2
+        code2, body2 = post(f"{srv.url}/profile")
+        assert code2 == 409 and body2["accepted"] is False and "one window at a time" in body2["reason"]
+        assert post(f"{srv.url}/profile?steps=0")[0] == 400  # ConfigError names the field
+        assert post(f"{srv.url}/profile?mode=perf")[0] == 400
+        assert wait_until(lambda: mon._window.last_result is not None, 60)
+    last = mon._window.last_result
+    assert last.trigger == "http" and last.error is None and Path(last.trace).exists()
+
+
+def test_http_trigger_with_token(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    mon.enable_profiler(directory=tmp_path, min_free_mb=0)
+    srv = MetricsServer(mon, port=0, addr="127.0.0.1", token="s3cret")
+    try:
+        assert post(f"{srv.url}/profile")[0] == 401
+        assert post(f"{srv.url}/profile", token="wrong")[0] == 401
+        assert mon._window.state == "idle"
+        code, body = post(f"{srv.url}/profile?steps=2", token="s3cret")
+        assert code == 202 and body["accepted"] is True and mon._window.state == "armed"
+    finally:
+        srv.close()
+
+
+def test_binding_beyond_loopback_needs_a_token(mon: perfsdk.Monitor) -> None:
+    with pytest.raises(ConfigError, match="addr"):
+        mon.serve_metrics(port=0, addr="0.0.0.0")
+
+
+# ---- SIGUSR2 ------------------------------------------------------------------------------------------
+
+
+def test_sigusr2_triggers_and_close_restores_the_old_handler(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    def previous(signum: int, frame: Any) -> None:
+        seen.append(signum)
+
+    old = signal.signal(signal.SIGUSR2, previous)
+    try:
+        w = mon.enable_profiler(directory=tmp_path, min_free_mb=0, signal=True)
+        assert signal.getsignal(signal.SIGUSR2) is not previous
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert wait_until(lambda: w.state == "armed", 10)
+        assert w._handle is not None and w._handle.trigger == "signal"
+        w.close()
+        assert signal.getsignal(signal.SIGUSR2) is previous
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert wait_until(lambda: seen == [signal.SIGUSR2], 10)
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+
+
+def test_signal_handler_only_from_the_main_thread(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    errors: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            ProfilerWindow(mon, directory=tmp_path, signal=True)
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=build)
+    t.start()
+    t.join()
+    assert len(errors) == 1 and isinstance(errors[0], ConfigError) and "signal" in str(errors[0])
+
+
+# ---- automatic trigger ----------------------------------------------------------------------------------
+
+
+def feed_mbu(w: ProfilerWindow, mbu: float, windows: int, steps_per_window: int = 2) -> None:
+    for _ in range(windows * steps_per_window):
+        w.observe_step("decode", 0.01, 8, mbu)
+
+
+def test_automatic_trigger_with_cooldown_and_hourly_cap(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    clock = FakeClock()
+    w = mon.enable_profiler(directory=tmp_path, min_free_mb=0, auto=True, auto_window_steps=2,
+                            auto_baseline_windows=3, auto_windows=2, auto_drop=0.2, cooldown_s=100,
+                            max_per_hour=2, steady_window=1000, clock=clock)
+    feed_mbu(w, 0.50, 3)  # baseline learnt
+    feed_mbu(w, 0.45, 4)  # 10% lower: within tolerance
+    assert w.state == "idle"
+    feed_mbu(w, 0.30, 1)  # one low window is not enough
+    assert w.state == "idle"
+    feed_mbu(w, 0.30, 1)
+    assert w.state == "armed" and w._handle is not None and w._handle.trigger == "auto"
+    assert w.auto_fired == 1
+    w.cancel()
+
+    feed_mbu(w, 0.50, 3)  # the baseline is relearnt after a firing
+    feed_mbu(w, 0.30, 2)  # a new drop inside the cooldown: suppressed
+    assert w.state == "idle" and w.auto_suppressed == 1 and w.auto_fired == 1
+
+    clock.t += 101
+    feed_mbu(w, 0.50, 3)
+    feed_mbu(w, 0.30, 2)
+    assert w.state == "armed" and w.auto_fired == 2
+    w.cancel()
+
+    clock.t += 101  # past the cooldown, but two captures already in this hour
+    feed_mbu(w, 0.50, 3)
+    feed_mbu(w, 0.30, 2)
+    assert w.state == "idle" and w.auto_suppressed == 2
+
+    clock.t += 3600
+    feed_mbu(w, 0.50, 3)
+    feed_mbu(w, 0.30, 2)
+    assert w.state == "armed" and w.auto_fired == 3
+
+
+def test_a_sustained_drop_is_not_its_own_baseline(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    clock = FakeClock()
+    w = mon.enable_profiler(directory=tmp_path, min_free_mb=0, auto=True, auto_window_steps=2,
+                            auto_baseline_windows=2, auto_windows=4, auto_drop=0.2, steady_window=1000,
+                            clock=clock)
+    feed_mbu(w, 0.50, 2)
+    feed_mbu(w, 0.30, 3)
+    assert w.state == "idle" and w.status()["mbu_baseline"] == pytest.approx(0.5)
+    feed_mbu(w, 0.30, 1)
+    assert w.state == "armed"
+
+
+# ---- a failing profiler never stops serving -------------------------------------------------------------
+
+
+def test_failing_profiler_leaves_the_loop_serving(mon: perfsdk.Monitor, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.profiler
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("profiler exploded")
+
+    w = mon.enable_profiler(**fast_window(tmp_path))
+    errors_before = mon._errors.count
+    with DecodeLoop(mon) as loop:
+        monkeypatch.setattr(torch.profiler, "profile", broken)
+        h = w.trigger()
+        result = h.wait(60)
+        assert result is not None and result.error is not None and "profiler exploded" in result.error
+        assert w.state == "idle" and not w.hot and w.failures == 1
+        steps = loop.steps
+        assert wait_until(lambda: loop.steps >= steps + 20)  # still serving
+        monkeypatch.undo()
+        again = w.trigger().wait(60)  # and the window works again
+    assert not loop.errors
+    assert mon._errors.count == errors_before + 1
+    assert again is not None and again.error is None and again.trace is not None
+    assert mon.flush() and mon.stats()["decode"]["steps"] >= loop.steps - 1
+
+
+# ---- configuration ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("mode", "perf"), ("steps", 0), ("steps", 2.5), ("wait", -1), ("keep", 0), ("min_free_mb", -1),
+    ("steady_window", 1), ("steady_cv", 0), ("warmup_steps", -1), ("steady_timeout_s", 0),
+    ("auto", "yes"), ("auto_drop", 1.0), ("auto_windows", 0), ("cooldown_s", -1), ("max_per_hour", 0),
+    ("clock", 3), ("directory", ""),
+])
+def test_bad_config_names_the_field(mon: perfsdk.Monitor, field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=field):
+        ProfilerWindow(mon, **{field: value})
+    assert mon._window is None
