@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +68,30 @@ def test_bad_flags_are_reported_without_a_traceback() -> None:
     assert proc.returncode == 2
     assert "huge" in proc.stderr and "tiny" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_serve_keeps_serving_after_the_report_until_ctrl_c() -> None:
+    import httpx
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "perfsdk.cli", "demo", "--serve", "--port", "0", "--duration", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        url = None
+        for line in proc.stderr:
+            found = re.search(r"serving at (http://\S+)", line)
+            if found and url is None:
+                url = found.group(1)
+            if "still serving" in line:
+                break
+        assert url is not None, "the demo never said where it serves"
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "after the report", "max_tokens": 3}, timeout=30)
+        assert r.status_code == 200
+        assert r.json()["usage"]["completion_tokens"] <= 3
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
