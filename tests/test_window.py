@@ -33,7 +33,7 @@ from perfsdk.profiling.capture import prune
 from perfsdk.profiling.window import ProfilerWindow
 
 DATA = Path(__file__).parent / "data"
-NAME = re.compile(r"^perfsdk-[A-Za-z0-9_.-]+-\d+-rank\d+-\d{8}T\d{9}Z\.pt\.trace\.json\.gz$")
+NAME = re.compile(r"^perfsdk-[A-Za-z0-9_.-]+-\d+-rank\d+-\d{8}T\d{6}\.\d{3}Z\.pt\.trace\.json\.gz$")
 
 
 class FakeClock:

@@ -181,7 +181,7 @@ class NsysSession(Session):
 def trace_name(rank: int | str, now: float | None = None) -> str:
     """``perfsdk-<host>-<pid>-rank<r>-<UTC timestamp>.pt.trace.json.gz`` (milliseconds: no collisions)."""
     t = time.time() if now is None else now
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + f"{int(t * 1000) % 1000:03d}Z"
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
     host = _UNSAFE.sub("_", socket.gethostname()) or "host"
     return f"perfsdk-{host}-{os.getpid()}-rank{rank}-{stamp}{TRACE_SUFFIX}"
 

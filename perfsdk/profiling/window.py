@@ -45,6 +45,9 @@ window turns ``hot``.
 :meth:`~ProfilerWindow.step_end` on the serving thread: the profiler is started, stepped and
 stopped there (see :mod:`perfsdk.profiling.capture`), never from another thread. When ``hot`` is
 False (always, unless a capture is imminent or running) the cost to a step is one attribute read.
+The schedule (*wait*, *warmup*, *steps*) counts decode steps; prefill and mixed steps that fall
+inside the window are recorded (each in its ``perfsdk.<phase>`` range) but not counted, and a
+capture that has not seen enough decode steps after *max_capture_s* stops with what it has.
 Any exception there is counted in ``perfsdk_internal_errors_total``, aborts the capture, and the
 step runs on: a profiler failure never stops serving.
 
@@ -265,6 +268,9 @@ class ProfilerWindow:
                                          auto_baseline_windows) if auto else None
         self._budget = CaptureBudget(float(cooldown_s), max_per_hour, self._clock)
         self._signal = SignalTrigger(self._on_signal) if signal else None
+        if auto and (mon.model is None or mon.hardware is None):
+            log.warning("perfsdk profile: auto=True watches decode MBU, which needs the Monitor's model= and "
+                        "hardware=; until both are known only API, HTTP and signal triggers capture")
 
     # ---- validation -----------------------------------------------------------------------------
     @staticmethod
