@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 import threading
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +54,7 @@ class _PhaseStats:
             s = sorted(xs)
             return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
-        secs, mbu, mfu = list(self.seconds), list(self.mbu), list(self.mfu)
+        secs, mbu, mfu = _snapshot(self.seconds), _snapshot(self.mbu), _snapshot(self.mfu)
         return {
             "steps": self.steps,
             "errors": self.errors,
@@ -77,7 +78,6 @@ class Collector(threading.Thread):
         self._wake = threading.Event()
         self._pending: deque[tuple[Any, ...]] = deque()  # steps whose end event has not completed
         self._stats = {p: _PhaseStats() for p in ("prefill", "decode", "mixed")}
-        self._stats_lock = threading.Lock()
         self._exported_dropped = 0
         self._exported_errors = 0
         self.processed = 0
@@ -92,6 +92,17 @@ class Collector(threading.Thread):
             except Exception:
                 self._peak_flops = None
         self._kv = m is not None and m.has_attention_shape
+        # decode cost coefficients, so a step costs two multiply-adds here (same formulas as perfsdk.budget;
+        # tests check the two agree)
+        self._wbytes = m.weight_bytes if m is not None else 0.0
+        self._kv_per_token = m.kv_bytes_per_token if self._kv and m is not None else 0.0
+        self._two_params = 2.0 * m.params if m is not None else 0.0
+        self._attn_per_ctx = (
+            4.0 * m.layers * (m.heads // m.tp) * m.head_dim  # type: ignore[operator]
+            if self._kv and m is not None else 0.0
+        )
+        # counters are summed locally and added to Prometheus once per batch of records
+        self._acc: dict[str, list[float]] = {p: [0.0, 0.0, 0.0] for p in ("prefill", "decode", "mixed")}
 
     # ---- thread control -------------------------------------------------
     def wake(self) -> None:
@@ -111,6 +122,7 @@ class Collector(threading.Thread):
                 elif self._pending:
                     self._resolve_pending(block=True)
                 else:
+                    self._export_counters()
                     self._export_health()
                     if self._stop_flag:
                         return
@@ -122,7 +134,13 @@ class Collector(threading.Thread):
     def _drain(self) -> None:
         q = self._queue
         mon = self._mon
+        n = 0
         while q:
+            n += 1
+            if not n & 63:
+                # Let a waiting serving thread take the GIL: without this, a busy collector keeps it for a
+                # whole switch interval (5 ms) and the serving thread stalls on its next bytecode.
+                time.sleep(0)
             rec = q.popleft()
             tag = rec[0]
             try:
@@ -138,6 +156,7 @@ class Collector(threading.Thread):
                     self._finish(rec[1])
                 elif tag == "x":
                     self._resolve_pending(block=True, all_=True)
+                    self._export_counters()
                     self._export_health()
                     rec[1].set()
             except Exception as e:
@@ -170,9 +189,8 @@ class Collector(threading.Thread):
         mon = self._mon
         stats = self._stats[phase]
         if error is not None:
-            with self._stats_lock:
-                stats.steps += 1
-                stats.errors += 1
+            stats.steps += 1
+            stats.errors += 1
             if mon._otel is not None:
                 mon._otel.step(phase=phase, model=mon.model_name, start_ns=mon.epoch_ns(t0),
                                end_ns=mon.epoch_ns(t1), attributes={"perfsdk.batch": batch}, error=error)
@@ -187,22 +205,21 @@ class Collector(threading.Thread):
         prom = mon._prom
         if prom is not None:
             prom.step[phase].observe(seconds)
-            prom.step_tokens[phase].inc(ntokens)
-            if nbytes is not None:
-                prom.step_bytes[phase].inc(nbytes)
-            if flops is not None:
-                prom.step_flops[phase].inc(flops)
             if mbu is not None:
                 prom.mbu[phase].observe(mbu)
             if mfu is not None:
                 prom.mfu[phase].observe(mfu)
-        with self._stats_lock:
-            stats.steps += 1
-            stats.seconds.append(seconds)
-            if mbu is not None:
-                stats.mbu.append(mbu)
-            if mfu is not None:
-                stats.mfu.append(mfu)
+            acc = self._acc[phase]
+            acc[0] += nbytes or 0.0
+            acc[1] += flops or 0.0
+            acc[2] += ntokens
+        # deque appends are atomic; stats() copies them, so no lock is needed here
+        stats.steps += 1
+        stats.seconds.append(seconds)
+        if mbu is not None:
+            stats.mbu.append(mbu)
+        if mfu is not None:
+            stats.mfu.append(mfu)
         if mon._otel is not None:
             attrs: dict[str, Any] = {"perfsdk.batch": batch, "perfsdk.tokens": ntokens,
                                      "perfsdk.device_seconds": seconds}
@@ -223,8 +240,8 @@ class Collector(threading.Thread):
         if phase == "decode":
             if m is None:
                 return None, None, batch
-            kv_ctx = ctx if self._kv else 0
-            return budget.decode_step_bytes(m, kv_ctx), budget.decode_flops(m, batch, kv_ctx), batch
+            return (self._wbytes + self._kv_per_token * ctx,
+                    self._two_params * batch + self._attn_per_ctx * ctx, batch)
         if phase == "prefill":
             lens = _prefill_lens(batch, tokens, seq_lens)
             n = sum(lens)
@@ -240,6 +257,20 @@ class Collector(threading.Thread):
         kv_ctx = ctx if self._kv else 0
         nbytes = budget.mixed_step_bytes(m, lens, kv_ctx) if self._kv else m.weight_bytes
         return nbytes, budget.mixed_step_flops(m, lens, batch, kv_ctx), n
+
+    def _export_counters(self) -> None:
+        prom = self._mon._prom
+        if prom is None:
+            return
+        for phase, acc in self._acc.items():
+            if acc[2] or acc[0]:
+                if acc[0]:
+                    prom.step_bytes[phase].inc(acc[0])
+                if acc[1]:
+                    prom.step_flops[phase].inc(acc[1])
+                if acc[2]:
+                    prom.step_tokens[phase].inc(acc[2])
+                acc[0] = acc[1] = acc[2] = 0.0
 
     def _first_token(self, req: Request) -> None:
         prom = self._mon._prom
@@ -290,12 +321,21 @@ class Collector(threading.Thread):
             self._exported_errors += e
 
     def stats(self) -> dict[str, Any]:
-        with self._stats_lock:
-            out: dict[str, Any] = {p: s.summary() for p, s in self._stats.items()}
+        out: dict[str, Any] = {p: s.summary() for p, s in self._stats.items()}
         out["dropped_records"] = self._mon._dropped
         out["internal_errors"] = self._mon._errors.count
         out["processed_records"] = self.processed
         return out
+
+
+def _snapshot(d: deque[float]) -> list[float]:
+    """Copy a deque another thread appends to (a copy can race with an append: try again)."""
+    for _ in range(8):
+        try:
+            return list(d)
+        except RuntimeError:
+            continue
+    return []
 
 
 def _prefill_lens(batch: int, tokens: int | None, seq_lens: Any) -> list[int]:

@@ -51,9 +51,9 @@ class MetricsServer:
             )
         self._mon = mon
         self._token = token
-        from perfsdk.sinks.prometheus import multiprocess_registry
-
         from prometheus_client import REGISTRY
+
+        from perfsdk.sinks.prometheus import multiprocess_registry
 
         self._registry = multiprocess_registry() or mon.registry or REGISTRY
         handler = _make_handler(self)

@@ -86,6 +86,7 @@ FINISH = "r"
 FLUSH = "x"
 
 _UNSET: Any = object()
+_SKIPPED = -1  # a Phase entry that records nothing (inside CUDA-graph capture, or after an internal error)
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -197,7 +198,7 @@ def _check_count(field: str, value: Any) -> Any:
         return value
     if callable(value):
         return value
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (type(value) is int and value < 0):
         raise ConfigError(f"{field}: expected a non-negative integer, got {value!r}")
     try:
         import operator
@@ -219,7 +220,7 @@ class Phase:
     with the wrapped function's arguments.
     """
 
-    __slots__ = ("_batch", "_ctx", "_dynamic", "_mon", "_open", "_phase", "_seq_lens", "_tokens")
+    __slots__ = ("_batch", "_ctx", "_dynamic", "_ev", "_mon", "_outer", "_phase", "_seq_lens", "_t0", "_tokens")
 
     def __init__(self, mon: Monitor, phase: str, batch: Any, tokens: Any, context_tokens: Any,
                  seq_lens: Any) -> None:
@@ -227,13 +228,13 @@ class Phase:
         self._phase = phase
         dynamic = False
         # fast path: plain ints; anything else goes through validation (and may be a callable)
-        if type(batch) is not int:
+        if type(batch) is not int or batch < 0:
             batch = _check_count("batch", batch)
             dynamic = callable(batch)
-        if tokens is not None and type(tokens) is not int:
+        if tokens is not None and (type(tokens) is not int or tokens < 0):
             tokens = _check_count("tokens", tokens)
             dynamic = dynamic or callable(tokens)
-        if type(context_tokens) is not int:
+        if type(context_tokens) is not int or context_tokens < 0:
             context_tokens = _check_count("context_tokens", context_tokens)
             dynamic = dynamic or callable(context_tokens)
         if seq_lens is not None and callable(seq_lens):
@@ -243,7 +244,9 @@ class Phase:
         self._ctx = context_tokens
         self._seq_lens = seq_lens
         self._dynamic = dynamic
-        self._open: list[Any] = []
+        self._t0: int | None = None  # start of the open entry; _SKIPPED when capture/trace made it a no-op
+        self._ev: Any = None
+        self._outer: list[tuple[int | None, Any]] | None = None  # enclosing entries when re-entered
 
     def __enter__(self) -> Phase:
         mon = self._mon
@@ -253,22 +256,27 @@ class Phase:
             raise ConfigError(
                 f"{self._phase}: sizes given as callables only work in the decorator form (@mon.{self._phase}(...))"
             )
+        if self._t0 is not None:  # re-entered (nested, or another thread): keep the outer entry
+            if self._outer is None:
+                self._outer = []
+            self._outer.append((self._t0, self._ev))
         try:
             if mon._capturing():
-                self._open.append(None)  # capture/trace time: the work is not really running now
+                self._t0 = _SKIPPED  # capture/trace time: the work is not really running now
                 return self
             w = mon._window
             if w is not None and w.hot:
                 w.step_begin(self._phase)
             mon._nvtx_push(self._phase, self._batch)
             pool = mon._pool
-            ev = pool.acquire() if pool is not None else None
-            if ev is not None:
-                ev[0].record()
-            self._open.append((mon._clock(), ev))
+            if pool is not None:
+                ev = self._ev = pool.acquire()
+                if ev is not None:
+                    mon._record(ev[0])
+            self._t0 = mon._clock()
         except Exception as e:
             mon._errors.record(e, f"{self._phase}.__enter__")
-            self._open.append(None)
+            self._t0 = _SKIPPED
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
@@ -276,12 +284,15 @@ class Phase:
         if not mon._enabled:
             return
         try:
-            state = self._open.pop()
-            if state is None:
+            t0, ev = self._t0, self._ev
+            if self._outer:
+                self._t0, self._ev = self._outer.pop()
+            else:
+                self._t0 = self._ev = None
+            if t0 is None or t0 == _SKIPPED:
                 return
-            t0, ev = state
             if ev is not None:
-                ev[1].record()
+                mon._record(ev[1])
             t1 = mon._clock()
             mon._nvtx_pop()
             mon._push((STEP, self._phase, t0, t1, ev, self._batch, self._tokens, self._ctx, self._seq_lens,
@@ -413,7 +424,8 @@ class Monitor:
             raise ConfigError("timing='cuda': torch does not see a CUDA device here; use timing='host' or 'auto'")
         self.timing = "cuda" if use_cuda else "host"
         self._pool = _timing.EventPool(event_pool_size, None) if use_cuda else None
-        self._capturing = _timing.capture_check() if self._enabled else _timing._never
+        self._record: Callable[[Any], None] = _timing.make_recorder() if use_cuda else _timing.no_record
+        self._capturing = _timing.capture_check(use_cuda) if self._enabled else _timing._never
         nvtx_choice = _env_bool("PERFSDK_NVTX", True) if nvtx is None else nvtx
         nv = make_nvtx(nvtx_choice if self._enabled else False)
         self.nvtx_backend = nv.backend

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["EventPool", "capture_check", "cuda_usable"]
+__all__ = ["EventPool", "capture_check", "cuda_usable", "make_recorder", "no_record"]
 
 
 def cuda_usable(force: bool = False) -> bool:
@@ -45,13 +45,20 @@ def cuda_usable(force: bool = False) -> bool:
         return False
 
 
-def capture_check() -> Callable[[], bool]:
-    """A cheap predicate: are we inside CUDA-graph capture or torch.compile tracing?"""
+def capture_check(cuda: bool = True) -> Callable[[], bool]:
+    """A cheap predicate: are we inside CUDA-graph capture or torch.compile tracing?
+
+    *cuda*: the Monitor times with CUDA (CUDA is initialised, so the raw C check is safe).
+    """
     if "torch" not in sys.modules:
         return _never
     import torch
 
+    # the C functions behind torch.cuda.is_current_stream_capturing / torch.compiler.is_compiling:
+    # the Python wrappers cost a few µs each on a slow host, the C calls a fraction of that
     capturing: Any = getattr(torch.cuda, "is_current_stream_capturing", None)
+    if cuda and hasattr(torch._C, "_cuda_isCurrentStreamCapturing"):
+        capturing = torch._C._cuda_isCurrentStreamCapturing
     compiler = getattr(torch, "compiler", None)
     compiling: Any = getattr(compiler, "is_compiling", None) if compiler is not None else None
     cuda_ok = capturing is not None and torch.cuda.is_available()
@@ -69,6 +76,41 @@ def capture_check() -> Callable[[], bool]:
 
 def _never() -> bool:
     return False
+
+
+def no_record(event: Any) -> None:
+    """The recorder of a Monitor without CUDA timing."""
+
+
+def make_recorder() -> Callable[[Any], None]:
+    """``record(event)`` on the current stream, without ``torch.cuda.current_stream()``'s cost.
+
+    ``torch.cuda.Event.record()`` builds a Python ``Stream`` object on every call
+    (several µs on a slow host). Here the current stream's raw handle is read
+    through one C call and mapped to a cached ``Stream``; a stream seen for the
+    first time (a side stream, a new priority) is looked up once the normal way.
+    Bound to the device current when the Monitor was built: one Monitor per GPU.
+    """
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    base_record = getattr(getattr(torch._C, "_CudaEventBase", None), "record", None)
+    if raw is None or base_record is None:  # an older or different build: the public, slower path
+        def record_public(event: Any) -> None:
+            event.record()
+        return record_public
+    device = torch.cuda.current_device()
+    streams: dict[int, Any] = {}
+    current_stream = torch.cuda.current_stream
+
+    def record(event: Any) -> None:
+        handle = raw(device)
+        stream = streams.get(handle)
+        if stream is None:
+            stream = streams[handle] = current_stream(device)
+        base_record(event, stream)
+
+    return record
 
 
 class EventPool:
