@@ -167,7 +167,7 @@ def environment(device: str) -> dict[str, Any]:
         try:
             q = "name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.limit,temperature.gpu"
             out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20).stdout.strip()
+                                 capture_output=True, text=True, timeout=20, check=False).stdout.strip()
             env["nvidia_smi"] = dict(zip(q.split(","), [s.strip() for s in out.split(",")], strict=False))
         except Exception as e:
             env["nvidia_smi_error"] = str(e)
