@@ -434,11 +434,12 @@ class Engine:
         device = self.model.device
         tokens = torch.tensor([h.last_token for h in batch], dtype=torch.long, device=device)
         slots = torch.tensor([h.slot for h in batch], dtype=torch.long, device=device)
-        positions = torch.tensor([h.cache_len for h in batch], dtype=torch.long, device=device)
-        context = sum(h.cache_len + 1 for h in batch)
+        lens = [h.cache_len for h in batch]
+        positions = torch.tensor(lens, dtype=torch.long, device=device)
+        context = sum(lens) + len(batch)
         t0 = time.perf_counter()
         with self._decode_phase(batch=len(batch), context_tokens=context):
-            logits = self.model.decode(tokens, slots, positions)
+            logits = self.model.decode(tokens, slots, positions, max_position=max(lens))
         self.stats.decode_seconds += time.perf_counter() - t0
         self.stats.decode_steps += 1
         self.stats.decode_context_tokens += context

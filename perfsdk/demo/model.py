@@ -40,6 +40,9 @@ from perfsdk.errors import ConfigError, suggest
 
 __all__ = ["MODEL_SIZES", "ModelArgs", "Transformer", "default_size"]
 
+# scaled_dot_product_attention broadcasts grouped KV heads itself from torch 2.5 on
+_SDPA_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
 
 @dataclass(frozen=True)
 class ModelArgs:
@@ -147,6 +150,9 @@ class Attention(nn.Module):
         # q [B, S, H, D], k/v [B, T, KV, D] -> [B, S, H*D]
         rep = self.n_head // self.n_kv_head
         qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if rep > 1 and _SDPA_GQA:  # the kernel broadcasts KV heads itself: no copy
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, enable_gqa=True)
+            return out.transpose(1, 2).flatten(-2)
         if rep > 1:
             kh = kh.repeat_interleave(rep, dim=1)
             vh = vh.repeat_interleave(rep, dim=1)
@@ -166,11 +172,10 @@ class Attention(nn.Module):
         out: Tensor = self.wo(self._attend(q, k, v, None, causal=True))
         return out
 
-    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, positions: Tensor) -> Tensor:
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, positions: Tensor, length: int) -> Tensor:
         q, k, v = self._qkv(x, cos, sin)  # x [B, 1, dim]
         self.k_cache[slots, positions] = k[:, 0]
         self.v_cache[slots, positions] = v[:, 0]
-        length = int(positions.max().item()) + 1
         keys = self.k_cache[slots, :length]
         values = self.v_cache[slots, :length]
         # each row sees its own prefix only: [B, 1, 1, T]
@@ -282,11 +287,17 @@ class Transformer(nn.Module):
         return self._run(x, lambda a, h: a.prefill(h, cos, sin, slot))[0, -1]
 
     @torch.inference_mode()
-    def decode(self, tokens: Tensor, slots: Tensor, positions: Tensor) -> Tensor:
-        """One token per running sequence: ``tokens[b]`` into ``slots[b]`` at ``positions[b]``."""
+    def decode(self, tokens: Tensor, slots: Tensor, positions: Tensor, max_position: int | None = None) -> Tensor:
+        """One token per running sequence: ``tokens[b]`` into ``slots[b]`` at ``positions[b]``.
+
+        Pass ``max_position`` (``max(positions)``, known on the host) to spare a device-to-host sync.
+        """
+        if max_position is None:
+            max_position = int(positions.max().item())
+        length = max_position + 1  # cache rows any sequence of this batch can see
         cos, sin = self._rope(positions[:, None])
         x = self.tok_embeddings(tokens[:, None])
-        return self._run(x, lambda a, h: a.decode(h, cos, sin, slots, positions))[:, -1]
+        return self._run(x, lambda a, h: a.decode(h, cos, sin, slots, positions, length))[:, -1]
 
     def config_summary(self) -> dict[str, Any]:
         a = self.args
