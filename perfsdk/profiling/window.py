@@ -264,6 +264,7 @@ class ProfilerWindow:
         self.auto_suppressed = 0
         self.last_result: CaptureResult | None = None
         self._gate = SteadyGate(steady_window, float(steady_cv), warmup_steps)
+        self._reset_gate = False
         self._detector = MbuDropDetector(auto_window_steps, float(auto_drop), auto_windows,
                                          auto_baseline_windows) if auto else None
         self._budget = CaptureBudget(float(cooldown_s), max_per_hour, self._clock)
@@ -363,7 +364,7 @@ class ProfilerWindow:
         self.hot = False
         self._session = None
         self._owner = None
-        self._gate.reset()  # profiled steps are slower: start the steady check afresh
+        self._reset_gate = True  # profiled steps are slower: the collector starts the steady check afresh
         return handle
 
     # ---- collector thread -----------------------------------------------------------------------
@@ -374,6 +375,9 @@ class ProfilerWindow:
         st = self._state
         if st not in (IDLE, ARMED):  # steps under (or about to be under) the profiler are not normal traffic
             return
+        if self._reset_gate:  # the gate has one writer, this thread; other threads only ask for a reset
+            self._reset_gate = False
+            self._gate.reset()
         self._gate.observe(seconds, batch)
         if st == ARMED:
             self._check_gate()
