@@ -178,7 +178,7 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
-def make_monitor(spec: ModelSpec, hw: Any, exporter_holder: list[Any]) -> perfsdk.Monitor:
+def make_monitor(spec: ModelSpec, hw: Any, exporter_holder: list[Any], **kw: Any) -> perfsdk.Monitor:
     """A Monitor with every sink on: Prometheus (own registry), NVTX, OTel SDK + BatchSpanProcessor."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -190,7 +190,7 @@ def make_monitor(spec: ModelSpec, hw: Any, exporter_holder: list[Any]) -> perfsd
     provider.add_span_processor(BatchSpanProcessor(exporter))
     exporter_holder.append((provider, exporter))
     return perfsdk.Monitor(model=spec, hardware=hw, registry=CollectorRegistry(), tracer_provider=provider,
-                           nvtx=True, step_span_rate=0.01, model_name="bench-1b")
+                           nvtx=True, step_span_rate=0.01, model_name="bench-1b", **kw)
 
 
 # --------------------------------------------------------------------------- parts
@@ -219,7 +219,8 @@ def host_costs(mon: perfsdk.Monitor, device: str) -> dict[str, float]:
     mon.flush(60)
     # the same with the collector stopped: the serving thread's own cost, no GIL shared with the collector
     quiet = make_monitor(mon.model, mon.hardware, [])  # type: ignore[arg-type]
-    quiet._pool = None if quiet._pool is None else type(quiet._pool)(n + 1000)
+    # enough events made up front: nothing returns them to the pool while the collector is stopped
+    quiet._pool = None if quiet._pool is None else type(quiet._pool)(n + 1000, prefill=n + 1000)
     assert quiet._collector is not None
     quiet._collector.stop(10)
 
@@ -286,9 +287,9 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
     for batch in batches:
         tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
         pos = torch.tensor([ctx - 1], device=device)
-        modes = ["eager"] + (["cuda_graph"] if device == "cuda" else [])
+        modes = ["eager"] + (["cuda_graph", "cuda_graph_timing_every_4"] if device == "cuda" else [])
         for mode in modes:
-            if mode == "cuda_graph":
+            if mode.startswith("cuda_graph"):
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(s):
@@ -308,7 +309,7 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
                 steps = (300 if batch == 1 else 200) if device == "cuda" else 40
             for _ in range(10):
                 step()
-            mon = make_monitor(spec, hw, holder)
+            mon = make_monitor(spec, hw, holder, timing_every=4 if mode.endswith("every_4") else 1)
             bare, inst = [], []
             # A/B interleaved so clock and thermal drift affect both the same way
             step_loop(None, step, max(steps // 10, 5), batch, ctx, device)  # warm both paths
@@ -467,6 +468,48 @@ def mbu_agreement(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: int,
         out[f"decode_batch{batch}"] = {
             "perfsdk_mbu_mean": st["mbu_mean"], "independent_mbu_mean": indep,
             "relative_difference": (st["mbu_mean"] - indep) / indep,
+            "perfsdk_step_bytes": perfsdk.budget.decode_step_bytes(spec, batch * ctx),
+            "independent_step_bytes": indep_bytes,
+        }
+        mon.close()
+    # the same under a CUDA graph, where device time is not padded by launch gaps: the independent side times
+    # bare replays (no perfsdk at all) with its own events, interleaved with perfsdk-instrumented replays
+    for batch in (1, 8):
+        tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        pos = torch.tensor([ctx - 1], device=device)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                model.decode(tokens, pos)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            model.decode(tokens, pos)
+        kv_bytes = sum(kc[:batch].numel() * kc.element_size() * 2 for kc in model.kc)
+        indep_bytes = weight_bytes + kv_bytes
+        mon = make_monitor(spec, hw, holder)
+        bare_ms = []
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(10):
+            # 20 back-to-back bare replays between one pair of events (as a server runs them: no sync
+            # between steps), so the per-step time is not padded by a restart after each synchronize
+            e0.record()
+            for _ in range(20):
+                g.replay()
+            e1.record()
+            e1.synchronize()
+            bare_ms.append(e0.elapsed_time(e1) / 20)
+            for _ in range(20):
+                with mon.decode(batch=batch, context_tokens=batch * ctx):
+                    g.replay()
+            mon.flush(60)
+        st = mon.stats()["decode"]
+        indep = statistics.fmean(indep_bytes / (ms / 1e3 * hw.memory_bandwidth) for ms in bare_ms)
+        out[f"decode_cuda_graph_batch{batch}"] = {
+            "perfsdk_mbu_mean": st["mbu_mean"], "independent_mbu_mean": indep,
+            "relative_difference": (st["mbu_mean"] - indep) / indep,
+            "perfsdk_step_ms_mean": st["step_ms_mean"], "independent_step_ms_mean": statistics.fmean(bare_ms),
             "perfsdk_step_bytes": perfsdk.budget.decode_step_bytes(spec, batch * ctx),
             "independent_step_bytes": indep_bytes,
         }

@@ -145,11 +145,14 @@ class Collector(threading.Thread):
             tag = rec[0]
             try:
                 if tag == "s":
-                    if rec[4] is not None:
+                    ev = rec[4]
+                    if ev:
                         self._pending.append(rec)
                         self._resolve_pending(block=False)
-                    else:
+                    elif ev is None:
                         self._step(rec, (rec[3] - rec[2]) / 1e9)
+                    else:  # False: a CUDA step not sampled for timing (Monitor(timing_every=N))
+                        self._step(rec, None)
                 elif tag == "f":
                     self._first_token(rec[1])
                 elif tag == "r":
@@ -184,7 +187,7 @@ class Collector(threading.Thread):
                 return  # go back to draining new records
 
     # ---- records ----------------------------------------------------------
-    def _step(self, rec: tuple[Any, ...], seconds: float) -> None:
+    def _step(self, rec: tuple[Any, ...], seconds: float | None) -> None:
         _, phase, t0, t1, _ev, batch, tokens, ctx, seq_lens, error = rec
         mon = self._mon
         stats = self._stats[phase]
@@ -197,14 +200,15 @@ class Collector(threading.Thread):
             return
         nbytes, flops, ntokens = self._cost(phase, batch, tokens, ctx, seq_lens)
         mbu = mfu = None
-        if seconds > 0:
+        if seconds is not None and seconds > 0:
             if nbytes is not None and self._bandwidth and phase != "prefill":
                 mbu = nbytes / (seconds * self._bandwidth)
             if flops is not None and self._peak_flops and phase != "decode":
                 mfu = flops / (seconds * self._peak_flops)
         prom = mon._prom
         if prom is not None:
-            prom.step[phase].observe(seconds)
+            if seconds is not None:
+                prom.step[phase].observe(seconds)
             if mbu is not None:
                 prom.mbu[phase].observe(mbu)
             if mfu is not None:
@@ -215,12 +219,13 @@ class Collector(threading.Thread):
             acc[2] += ntokens
         # deque appends are atomic; stats() copies them, so no lock is needed here
         stats.steps += 1
-        stats.seconds.append(seconds)
+        if seconds is not None:
+            stats.seconds.append(seconds)
         if mbu is not None:
             stats.mbu.append(mbu)
         if mfu is not None:
             stats.mfu.append(mfu)
-        if mon._otel is not None:
+        if mon._otel is not None and seconds is not None:
             attrs: dict[str, Any] = {"perfsdk.batch": batch, "perfsdk.tokens": ntokens,
                                      "perfsdk.device_seconds": seconds}
             if mbu is not None:
@@ -230,7 +235,7 @@ class Collector(threading.Thread):
             mon._otel.step(phase=phase, model=mon.model_name, start_ns=mon.epoch_ns(t0),
                            end_ns=mon.epoch_ns(t1), attributes=attrs, error=None)
         w = mon._window
-        if w is not None:
+        if w is not None and seconds is not None:
             w.observe_step(phase, seconds, batch, mbu)
 
     def _cost(self, phase: str, batch: int, tokens: int | None, ctx: int,

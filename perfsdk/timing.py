@@ -122,7 +122,7 @@ class EventPool:
     none.
     """
 
-    def __init__(self, capacity: int, device: Any = None) -> None:
+    def __init__(self, capacity: int, device: Any = None, prefill: int = 16) -> None:
         import torch
 
         if capacity < 1:
@@ -136,7 +136,7 @@ class EventPool:
         self._created = 0
         self._lock = threading.Lock()
         # Warm a few pairs now so that the first steps do not pay for creation.
-        for _ in range(min(capacity, 16)):
+        for _ in range(min(capacity, prefill)):
             self._free.append(self._new_pair())
 
     def _new_pair(self) -> tuple[Any, Any]:

@@ -2,7 +2,7 @@
 
 The fixtures are a small Llama-shaped bf16 decode (2 layers, hidden 2048, batch 1, ~46 kernels a
 step) profiled with ``schedule(wait=2, warmup=2, active=4)`` and ``record_function("perfsdk.decode")``
-around each step; ``tests/data/h200_gpu_traces_summary.json.gz`` records the GPU, driver and torch
+around each step; ``benchmarks/results/h200_gpu_traces_summary.json.gz`` records the GPU, driver and torch
 version they came from. To refresh them: ``OUT=/tmp/t python benchmarks/gpu_traces.py`` on a GPU
 machine, then copy ``/tmp/t/h200_*.pt.trace.json.gz`` here.
 """

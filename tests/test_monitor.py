@@ -536,3 +536,22 @@ def test_import_is_cheap_and_side_effect_free() -> None:
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_untimed_steps_are_counted_but_not_timed() -> None:
+    """Monitor(timing_every=N) on a GPU pushes unsampled steps with events=False: counters only."""
+    with monitor_harness(model=MODEL, hardware=HW) as h:
+        mon = h.monitor
+        mon._push(("s", "decode", 0, 1_000_000, False, 2, None, 100, None, None))
+        mon._push(("s", "decode", 0, 1_000_000, None, 2, None, 100, None, None))
+        assert h.count(STEP, phase="decode") == 1
+        assert h.count(MBU, phase="decode") == 1
+        assert h.value("perfsdk_step_tokens_total", phase="decode") == 4
+        assert h.value("perfsdk_step_bytes_total", phase="decode") == pytest.approx(
+            2 * budget.decode_step_bytes(MODEL, 100))
+        assert mon.stats()["decode"]["steps"] == 2
+
+
+def test_timing_every_is_validated() -> None:
+    with pytest.raises(ConfigError, match="timing_every"):
+        perfsdk.Monitor(registry=CollectorRegistry(), timing_every=0)
