@@ -18,7 +18,7 @@ Routes (the subset of the OpenAI API that load generators and engines' benchmark
   ``temperature`` (default 1.0, 0 is greedy), ``seed`` and the vLLM extension ``ignore_eos``.
 - ``GET /v1/models``, ``GET /health``;
 - ``GET /metrics``: the monitor's Prometheus registry in the text exposition format;
-- ``POST /debug/profile?steps=4&mode=torch``: arm the monitor's profiler window
+- ``POST /debug/profile?steps=4&mode=torch[&wait=60]``: arm the monitor's profiler window
   (``Monitor.profile``), which records a few steps once traffic is steady.
 
 A client that disconnects mid-stream cancels its request: Starlette cancels the streaming task, the
@@ -28,6 +28,7 @@ its next step. Invalid requests get HTTP 400 with an OpenAI-style ``{"error": {.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -175,16 +176,24 @@ def create_app(
         return Response(generate_latest(registry or CollectorRegistry()), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/debug/profile")
-    async def profile(steps: int = 4, mode: str = "torch") -> Response:
-        # The profiler window belongs to the monitor; absent (older perfsdk, no monitor) means 501.
-        start = getattr(monitor, "profile", None)
-        if start is None:
-            return _error("this server's monitor has no profiler window (perfsdk.Monitor.profile)", status=501)
+    async def profile(steps: int = 4, mode: str = "torch", wait: float = 0.0) -> Response:
+        """Arm the monitor's profiler window; with ``wait=SECONDS``, answer with its verdict."""
+        if monitor is None:
+            return _error("this server runs without a perfsdk monitor", status=501)
         try:
-            window = start(steps=steps, mode=mode)
+            handle = monitor.profile(steps=steps, mode=mode, reason="http")
         except ConfigError as e:
             return _error(str(e))
-        return JSONResponse({"status": "armed", "steps": steps, "mode": mode, "window": repr(window)})
+        info = handle.to_dict()
+        if not info.get("accepted", True):
+            return JSONResponse(info, status_code=409)
+        if wait > 0:
+            result = await asyncio.to_thread(handle.wait, min(wait, 300.0))
+            if result is not None:
+                info["result"] = {k: v for k, v in result.to_dict().items() if k != "diagnosis"}
+                if result.diagnosis is not None:
+                    info["findings"] = result.diagnosis.get("findings", [])
+        return JSONResponse(info, status_code=202 if "result" not in info else 200)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
