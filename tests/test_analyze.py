@@ -99,3 +99,26 @@ def test_cli_unreadable_trace_exits_2(tmp_path: Path, capsys: pytest.CaptureFixt
     bad.write_bytes(b"\x1f\x8bnot really gzip")
     assert main(["analyze", str(bad)]) == 2
     assert "trace" in capsys.readouterr().err
+
+
+def test_cpu_only_trace_reports_host_operator_time_by_category(tmp_path: Path) -> None:
+    """A CPU-only trace has no kernels: the report splits host operator self time by category instead."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from perfsdk.profiling.analyze import analyze_trace
+
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            with record_function("perfsdk.decode"):
+                x = torch.nn.functional.linear(a, b)
+                x = torch.nn.functional.silu(x) * x
+                torch.nn.functional.layer_norm(x, (256,))
+    path = tmp_path / "cpu.json"
+    prof.export_chrome_trace(str(path))
+    diag = analyze_trace(str(path))
+    shares = diag.summary()["category_shares"]
+    assert set(shares) >= {"gemm", "elementwise", "normalization"}
+    assert abs(sum(shares.values()) - 1.0) < 0.01  # self times: nested ops are not counted twice
+    assert "host operator time by category" in diag.format_report()

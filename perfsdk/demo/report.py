@@ -299,13 +299,14 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
     nxt = r["next"]
     if serving:
         lines.append(f"  metrics:  curl {nxt['metrics_url']}")
-        lines.append(f"  profiler: curl -X POST '{nxt['profile_url']}'   (a few steady steps under torch.profiler,")
-        lines.append("            diagnosed: launch-bound, sync-bound, copy-bound, ...; `perfsdk analyze TRACE` reads any trace)")
+        lines.append(f"  profiler: curl -X POST '{nxt['profile_url']}'")
+        lines.append("            (a few steady steps under torch.profiler, then a diagnosis: launch-, sync-, copy-bound...)")
     else:
         lines.append("  the server stopped with this report; keep it running with `perfsdk demo --serve --port 8000`")
         lines.append("  metrics:  curl http://127.0.0.1:8000/metrics  (point Prometheus at it)")
-        lines.append("  profiler: curl -X POST 'http://127.0.0.1:8000/debug/profile?steps=4&wait=60'  (under load: a few")
-        lines.append("            steady steps under torch.profiler, then a diagnosis; `perfsdk analyze TRACE` reads any trace)")
+        lines.append("  profiler: curl -X POST 'http://127.0.0.1:8000/debug/profile?steps=4&wait=60'")
+        lines.append("            (under load: a few steady steps under torch.profiler, then a diagnosis)")
+        lines.append("  traces:   `perfsdk analyze TRACE` reads any torch.profiler trace (vLLM's and SGLang's too)")
     for note in r.get("notes") or []:
         lines.append(f"  note: {note}")
     mon = r["monitor"]

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfsdk.errors import ConfigError
-from perfsdk.profiling.categories import CATEGORIES, categorize
+from perfsdk.profiling.categories import CATEGORIES, categorize, categorize_cpu_op
 from perfsdk.profiling.trace_events import Event, Trace, load_trace
 
 __all__ = [
@@ -245,7 +245,7 @@ class Diagnosis:
         steps = self._gpu_steps()
         window = sum(s.gpu_window_us for s in steps)
         cat_us: dict[str, float] = {}
-        for s in steps:
+        for s in steps if self.has_gpu else self.steps:  # CPU-only: host operator self time
             for c, v in s.category_us.items():
                 cat_us[c] = cat_us.get(c, 0.0) + v
         cat_total = sum(cat_us.values())
@@ -293,6 +293,10 @@ class Diagnosis:
         if not self.has_gpu:
             lines.append("  no GPU events in this trace (CPU-only profile): host-side findings only")
             lines.append(f"  host reads of tensor values per step: {s['host_reads_per_step']:g}")
+            cats = ", ".join(f"{c} {v:.0%}" for c, v in
+                             sorted(s["category_shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
+            if cats:
+                lines.append(f"  host operator time by category (self time): {cats}")
         elif busy is not None:
             lines.append(f"  GPU busy {busy:.0%}; idle: waiting for launch {s['idle_launch_wait_share']:.0%} "
                          f"(after a host sync {s['idle_after_sync_share']:.0%}), "
@@ -352,6 +356,28 @@ def _step_spans(trace: Trace, step_pattern: str | None) -> tuple[list[_StepSpan]
         return [], "whole trace"
     whole = _StepSpan("trace", None, min(e.ts for e in everything), max(e.end for e in everything))
     return [whole], "whole trace"
+
+
+def _self_times(ops: list[Event]) -> list[tuple[Event, float]]:
+    """Each op's duration minus its children's (ops nest by time on one thread)."""
+    out: list[tuple[Event, float]] = []
+    by_tid: dict[Any, list[Event]] = {}
+    for op in ops:
+        by_tid.setdefault(op.tid, []).append(op)
+    for tid_ops in by_tid.values():
+        tid_ops.sort(key=lambda o: (o.ts, -o.dur))
+        stack: list[list[Any]] = []  # [op, children's time]
+        for op in tid_ops:
+            while stack and op.ts >= stack[-1][0].end:
+                done = stack.pop()
+                out.append((done[0], max(done[0].dur - done[1], 0.0)))
+            if stack:
+                stack[-1][1] += op.dur
+            stack.append([op, 0.0])
+        while stack:
+            done = stack.pop()
+            out.append((done[0], max(done[0].dur - done[1], 0.0)))
+    return out
 
 
 def _in_span(events_by_thread: Mapping[tuple[str, str], list[Event]], all_events: list[Event],
@@ -468,10 +494,17 @@ def analyze_trace(
                 st.event_syncs += 1
             if c.name in _HOST_SYNCS or c.name == "cudaMemcpy":
                 st.sync_blocked_us += c.dur
-        for op in _in_span(cpu_by_thread, trace.cpu_ops, span):
+        cpu_in_step = _in_span(cpu_by_thread, trace.cpu_ops, span)
+        for op in cpu_in_step:
             if op.name in _HOST_READ_OPS:
                 st.host_reads += 1
                 st.host_read_us += op.dur
+        if not trace.has_gpu:
+            # a CPU-only trace: where the host's operator time went, by *self* time so that
+            # aten::linear -> aten::addmm nesting is not counted twice
+            for op, self_us in _self_times(cpu_in_step):
+                category = categorize_cpu_op(op.name)
+                st.category_us[category] = st.category_us.get(category, 0.0) + self_us
         steps.append(st)
 
     # GPU ops of each step: by correlation with the step's host calls; by time when a trace

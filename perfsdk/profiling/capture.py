@@ -247,7 +247,12 @@ def verdict(diagnosis: Mapping[str, Any], trace: str, steady: bool) -> str:
     busy_txt = "" if busy is None else f", GPU busy {busy:.0%}"
     note = "" if steady else " [not steady: captured at the gate's timeout]"
     if not findings:
-        return f"perfsdk profile: no finding above thresholds{busy_txt}{note}; trace: {trace}"
+        cats = (diagnosis.get("summary") or {}).get("category_shares") or {}
+        where = ""
+        if cats and busy is None:  # a CPU-only trace: say where the host's operator time went
+            top_cats = sorted(cats.items(), key=lambda kv: -kv[1])[:3]
+            where = "; CPU-only trace, host op time: " + ", ".join(f"{c} {v:.0%}" for c, v in top_cats)
+        return f"perfsdk profile: no finding above thresholds{busy_txt}{where}{note}; trace: {trace}"
     top = findings[0]
     advice = str(top.get("suggestion", "")).split(". ")[0].rstrip(".")
     return (f"perfsdk profile: {top.get('kind')} ({float(top.get('share', 0.0)):.0%} of step time{busy_txt})"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["CATEGORIES", "categorize"]
+__all__ = ["CATEGORIES", "categorize", "categorize_cpu_op"]
 
 CATEGORIES: tuple[str, ...] = (
     "gemm",
@@ -60,6 +60,27 @@ def categorize(name: str, cat: str) -> str:
     if cat in ("gpu_memcpy", "gpu_memset"):
         return "memcpy"
     for category, pattern in _RULES:
+        if pattern.search(name):
+            return category
+    return "other"
+
+
+# CPU-side operator names (aten::*, as a CPU-only torch.profiler trace records them)
+_CPU_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("attention", re.compile(r"scaled_dot_product|_flash_attention|_efficient_attention|attention|softmax", re.I)),
+    ("normalization", re.compile(r"norm", re.I)),
+    ("gemm", re.compile(r"^aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|_addmm_activation|dot|mv)$", re.I)),
+    ("memcpy", re.compile(r"^aten::(?:copy_|to|_to_copy|cat|index_copy_|index_put_|contiguous|clone)$", re.I)),
+    ("communication", re.compile(r"c10d::|all_?reduce|allgather|broadcast", re.I)),
+    ("elementwise", re.compile(
+        r"^aten::(?:add|add_|sub|mul|mul_|div|silu|gelu|relu|sigmoid|tanh|exp|pow|rsqrt|sqrt|neg|where"
+        r"|mean|sum|argmax|max|cos|sin|embedding|index_select|masked_fill|fill_|zero_)$", re.I)),
+)
+
+
+def categorize_cpu_op(name: str) -> str:
+    """Category of one CPU operator (``aten::mm`` -> ``gemm``) for CPU-only traces."""
+    for category, pattern in _CPU_RULES:
         if pattern.search(name):
             return category
     return "other"
