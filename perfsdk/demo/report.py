@@ -300,7 +300,7 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
     if serving:
         lines.append(f"  metrics:  curl {nxt['metrics_url']}")
         lines.append(f"  profiler: curl -X POST '{nxt['profile_url']}'")
-        lines.append("            (a few steady steps under torch.profiler, then a diagnosis: launch-, sync-, copy-bound...)")
+        lines.append("            (steady steps under torch.profiler, then a diagnosis: launch-, sync-, copy-bound)")
     else:
         lines.append("  the server stopped with this report; keep it running with `perfsdk demo --serve --port 8000`")
         lines.append("  metrics:  curl http://127.0.0.1:8000/metrics  (point Prometheus at it)")
