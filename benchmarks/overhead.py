@@ -139,6 +139,20 @@ class Model(nn.Module):
 
 
 # --------------------------------------------------------------------------- helpers
+def capture_decode_graph(model: Model, tokens: Tensor, pos: Tensor) -> Any:
+    """A CUDA graph of one decode step (warmed up on a side stream first, as torch requires)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            model.decode(tokens, pos)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        model.decode(tokens, pos)
+    return g
+
+
 def median_ns(fn: Callable[[], object], n: int) -> float:
     """Median cost of one call in ns, timing batches of 100 calls."""
     batches = []
@@ -290,15 +304,7 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
         modes = ["eager"] + (["cuda_graph", "cuda_graph_timing_every_4"] if device == "cuda" else [])
         for mode in modes:
             if mode.startswith("cuda_graph"):
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    for _ in range(3):
-                        model.decode(tokens, pos)
-                torch.cuda.current_stream().wait_stream(s)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    model.decode(tokens, pos)
+                g = capture_decode_graph(model, tokens, pos)
 
                 def step(g: Any = g) -> None:
                     g.replay()
@@ -356,14 +362,7 @@ def sync_census(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: int, h
 
     tokens = torch.zeros(1, 1, dtype=torch.long, device=device)
     pos = torch.tensor([ctx - 1], device=device)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        model.decode(tokens, pos)
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        model.decode(tokens, pos)
+    g = capture_decode_graph(model, tokens, pos)
     mon = make_monitor(spec, hw, holder)
     main_tid = threading.get_native_id()
     assert mon._collector is not None
@@ -477,15 +476,7 @@ def mbu_agreement(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: int,
     for batch in (1, 8):
         tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
         pos = torch.tensor([ctx - 1], device=device)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                model.decode(tokens, pos)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            model.decode(tokens, pos)
+        g = capture_decode_graph(model, tokens, pos)
         kv_bytes = sum(kc[:batch].numel() * kc.element_size() * 2 for kc in model.kc)
         indep_bytes = weight_bytes + kv_bytes
         mon = make_monitor(spec, hw, holder)

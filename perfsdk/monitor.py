@@ -623,9 +623,11 @@ class Monitor:
 
     def stats(self) -> dict[str, Any]:
         """Rolling per-phase statistics (last few thousand steps) and the SDK's health counters."""
-        if self._collector is None:
-            return {"dropped_records": self._dropped, "internal_errors": self._errors.count}
-        return self._collector.stats()
+        out = (self._collector.stats() if self._collector is not None
+               else {"dropped_records": self._dropped, "internal_errors": self._errors.count})
+        if self._window is not None:
+            out["profiler"] = self._window.status()
+        return out
 
     def epoch_ns(self, t: int) -> int:
         """Convert a timestamp of this Monitor's clock to Unix epoch nanoseconds."""
@@ -633,12 +635,20 @@ class Monitor:
 
     # ---- profiler window ----------------------------------------------
     def enable_profiler(self, **config: Any) -> Any:
-        """Set up the opt-in profiler window (see :mod:`perfsdk.profiling.window`); returns it."""
-        from perfsdk.profiling.window import ProfilerWindow  # type: ignore[import-not-found,unused-ignore]
+        """Set up the opt-in profiler window (see :mod:`perfsdk.profiling.window`); returns it.
 
-        if self._window is None:
-            self._window = ProfilerWindow(self, **config)
-        return self._window
+        Called again with settings, it replaces the window (a capture armed by the old one is cancelled);
+        without settings it returns the current one.
+        """
+        from perfsdk.profiling.window import ProfilerWindow
+
+        if self._window is not None and not config:
+            return self._window
+        new = ProfilerWindow(self, **config)  # validate before dropping the old window
+        old, self._window = self._window, new
+        if old is not None:
+            old.close()
+        return new
 
     def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api") -> Any:
         """Ask for one profiler capture of *steps* steady-state steps; returns a handle to wait on."""

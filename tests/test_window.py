@@ -473,3 +473,18 @@ def test_bad_config_names_the_field(mon: perfsdk.Monitor, field: str, value: Any
     with pytest.raises(ConfigError, match=field):
         ProfilerWindow(mon, **{field: value})
     assert mon._window is None
+
+
+def test_enable_profiler_again_replaces_the_window_and_stats_report_it(tmp_path: Path) -> None:
+    from perfsdk.testing import monitor_harness
+
+    with monitor_harness() as h:
+        first = h.monitor.enable_profiler(directory=str(tmp_path), steps=2)
+        assert h.monitor.enable_profiler() is first  # no settings: the same window
+        second = h.monitor.enable_profiler(directory=str(tmp_path), steps=3)
+        assert second is not first
+        assert h.monitor._window is second
+        assert "profiler" in h.monitor.stats()
+        with pytest.raises(ConfigError):
+            h.monitor.enable_profiler(steps=0)
+        assert h.monitor._window is second  # a bad setting leaves the working window in place
