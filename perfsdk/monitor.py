@@ -350,7 +350,10 @@ class Monitor:
         service: the service name (OpenTelemetry resource-independent; used in logs).
         model_name: the ``model`` label and span model name (default: the spec's name).
         registry: the Prometheus registry to write to (default: the global one).
-        prometheus / otel / nvtx: turn a sink off (``nvtx`` may also be ``"nvtx"`` or ``"torch"``).
+        prometheus / otel: turn a sink off.
+        nvtx: ``None``/``"auto"`` (default): NVTX ranges only when Nsight Systems/Compute is attached
+            (``NVTX_INJECTION64_PATH``; they are free then, and skipped otherwise); ``True`` or ``"nvtx"``:
+            always, through the ``nvtx`` package; ``"torch"``: through ``torch.cuda.nvtx``; ``False``: never.
         tracer_provider: an OpenTelemetry provider (default: the global one; none set costs nothing).
         timing: ``"auto"`` (CUDA events if torch is imported and sees a GPU), ``"cuda"``, ``"host"``.
         operation: GenAI operation name of request spans (``"chat"``, ``"text_completion"``, …).
@@ -439,7 +442,7 @@ class Monitor:
         self._pool = _timing.EventPool(event_pool_size, None) if use_cuda else None
         self._record: Callable[[Any], None] = _timing.make_recorder() if use_cuda else _timing.no_record
         self._capturing = _timing.capture_check(use_cuda) if self._enabled else _timing._never
-        nvtx_choice = _env_bool("PERFSDK_NVTX", True) if nvtx is None else nvtx
+        nvtx_choice = _env_bool("PERFSDK_NVTX", "auto") if nvtx is None else nvtx
         nv = make_nvtx(nvtx_choice if self._enabled else False)
         self.nvtx_backend = nv.backend
         self._nvtx_push = nv.push
