@@ -114,6 +114,8 @@ class Collector(threading.Thread):
         self.join(timeout)
 
     def run(self) -> None:
+        if self._mon._pool is not None:
+            _relax_capture_mode()
         q = self._queue
         while True:
             try:
@@ -128,8 +130,9 @@ class Collector(threading.Thread):
                         return
                     self._wake.wait(self._poll)
                     self._wake.clear()
-            except Exception as e:  # keep collecting whatever happens
+            except Exception as e:  # keep collecting whatever happens, without spinning on a lasting fault
                 self._mon._errors.record(e, "collector")
+                time.sleep(self._poll)
 
     def _drain(self) -> None:
         q = self._queue
@@ -158,10 +161,12 @@ class Collector(threading.Thread):
                 elif tag == "r":
                     self._finish(rec[1])
                 elif tag == "x":
-                    self._resolve_pending(block=True, all_=True)
-                    self._export_counters()
-                    self._export_health()
-                    rec[1].set()
+                    try:
+                        self._resolve_pending(block=True, all_=True)
+                        self._export_counters()
+                        self._export_health()
+                    finally:
+                        rec[1].set()  # flush() returns even if resolving failed (the failure is counted)
             except Exception as e:
                 mon._errors.record(e, f"collector record {tag!r}")
             self.processed += 1
@@ -172,16 +177,23 @@ class Collector(threading.Thread):
         while pending:
             rec = pending[0]
             start, end = rec[4]
-            if not end.query():
-                if not block:
-                    return
-                end.synchronize()  # blocking-sync event: sleeps in the driver, GIL released
-            pending.popleft()
+            seconds: float | None
             try:
+                if not end.query():
+                    if not block:
+                        return
+                    end.synchronize()  # blocking-sync event: sleeps in the driver, GIL released
                 seconds = start.elapsed_time(end) / 1e3
-            finally:
                 if pool is not None:
                     pool.release(rec[4])
+            except Exception as e:
+                # a CUDA error (sticky after a fault, say): this pair is unusable; drop it rather than
+                # retrying it forever, and keep the step as counted but untimed
+                self._mon._errors.record(e, "collector event")
+                seconds = None
+                if pool is not None:
+                    pool.discard(rec[4])
+            pending.popleft()
             self._step(rec, seconds)
             if not all_ and self._queue:
                 return  # go back to draining new records
@@ -214,8 +226,9 @@ class Collector(threading.Thread):
             if mfu is not None:
                 prom.mfu[phase].observe(mfu)
             acc = self._acc[phase]
-            acc[0] += nbytes or 0.0
-            acc[1] += flops or 0.0
+            if seconds is not None:  # bytes/FLOPs over step seconds must cover the same steps
+                acc[0] += nbytes or 0.0
+                acc[1] += flops or 0.0
             acc[2] += ntokens
         # deque appends are atomic; stats() copies them, so no lock is needed here
         stats.steps += 1
@@ -255,7 +268,7 @@ class Collector(threading.Thread):
             return (budget.prefill_step_bytes(m, lens, ctx if self._kv else 0),
                     budget.prefill_flops(m, lens, attention=self._kv), n)
         # mixed: seq_lens are the prefill chunks, batch the decoding sequences
-        lens = list(seq_lens or ())
+        lens = [int(n) for n in (seq_lens if seq_lens is not None else ())]
         n = sum(lens) + batch
         if m is None:
             return None, None, n
@@ -328,9 +341,28 @@ class Collector(threading.Thread):
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {p: s.summary() for p, s in self._stats.items()}
         out["dropped_records"] = self._mon._dropped
+        out["untimed_steps_event_pool_empty"] = self._mon._untimed_pool_empty
         out["internal_errors"] = self._mon._errors.count
         out["processed_records"] = self.processed
         return out
+
+
+def _relax_capture_mode() -> None:
+    """Put this (collector) thread in CUDA's *relaxed* stream-capture mode.
+
+    While another thread captures a CUDA graph in the default global mode, "potentially unsafe" calls
+    from any other thread — ``cudaEventQuery`` and ``cudaEventSynchronize`` among them — invalidate the
+    capture. The collector makes exactly those calls, so it opts out, as PyTorch's NCCL watchdog thread
+    does. Through the driver API (one libcuda per process, whichever runtime torch links).
+    """
+    try:
+        import ctypes
+
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        mode = ctypes.c_int(2)  # CU_STREAM_CAPTURE_MODE_RELAXED
+        libcuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+    except Exception:  # no driver library here (a CPU box, another platform): nothing to relax
+        pass
 
 
 def _snapshot(d: deque[float]) -> list[float]:

@@ -44,7 +44,9 @@ def parse_count(text: str) -> float:
 def _model_from_args(a: argparse.Namespace) -> ModelSpec:
     if a.model:
         spec = ModelSpec.named(a.model)
-        params = a.params if a.params is not None else spec.total_params or spec.params
+        # the stored parameters a decode step reads (active ones for a mixture of experts)
+        stored = spec.weight_bytes / dtype_bytes(spec.dtype)
+        params = a.params if a.params is not None else stored
         bpp = a.bytes_per_param if a.bytes_per_param is not None else dtype_bytes(spec.dtype)
         changes: dict[str, Any] = {}
         if a.params is not None:
@@ -54,8 +56,6 @@ def _model_from_args(a: argparse.Namespace) -> ModelSpec:
         for field in ("layers", "heads", "kv_heads", "head_dim", "kv_bytes"):
             if getattr(a, field) is not None:
                 changes[field] = getattr(a, field)
-        if a.kv_heads is None and a.heads is not None:
-            changes["kv_heads"] = a.heads
         spec = dataclasses.replace(spec, **changes) if changes else spec
     else:
         if a.params is None:

@@ -86,6 +86,7 @@ FINISH = "r"
 FLUSH = "x"
 
 _UNSET: Any = object()
+_FINISH_LOCK = threading.Lock()  # finish() is once per request; a lock per request would cost more than one
 _SKIPPED = -1  # a Phase entry that records nothing (inside CUDA-graph capture, or after an internal error)
 _TRUE = ("1", "true", "yes", "on")
 
@@ -137,6 +138,8 @@ class Request:
 
     def tokens(self, n: int = 1, t_ns: int | None = None) -> None:
         """*n* tokens were emitted now: the first call sets TTFT, each later one is an inter-token gap."""
+        if n <= 0 or self.finish_ns is not None:
+            return  # nothing emitted, or a late token after finish(): the request's record is closed
         mon = self._mon
         t = mon._clock() if t_ns is None else t_ns
         self.output_tokens += n
@@ -147,11 +150,16 @@ class Request:
 
     def finish(self, reason: str = "stop", error: BaseException | str | None = None,
                t_ns: int | None = None) -> None:
-        """Record the end (``"stop"``, ``"length"``, ``"abort"``, …, or an error); later calls are ignored."""
-        if self.finish_ns is not None:
-            return
+        """Record the end (``"stop"``, ``"length"``, ``"abort"``, …, or an error); later calls are ignored.
+
+        Safe to race (an abort on the HTTP thread, the last token on the engine thread): one call wins.
+        """
         mon = self._mon
-        self.finish_ns = mon._clock() if t_ns is None else t_ns
+        t = mon._clock() if t_ns is None else t_ns
+        with _FINISH_LOCK:
+            if self.finish_ns is not None:
+                return
+            self.finish_ns = t
         if error is not None:
             self.error = error if isinstance(error, str) else type(error).__qualname__
             reason = "error" if reason == "stop" else reason
@@ -173,10 +181,15 @@ class Request:
 
 
 class _NullRequest(Request):
-    """What a disabled Monitor hands out: every method does nothing."""
+    """What a disabled Monitor hands out: every method does nothing, every field reads as empty."""
 
-    def __init__(self) -> None:  # no fields are touched
-        pass
+    def __init__(self) -> None:
+        self.prompt_tokens = self.output_tokens = self.arrival_ns = 0
+        self.scheduled_ns = self.first_token_ns = self.finish_ns = None
+        self.token_ns = []
+        self.finish_reason = self.error = self.request_id = None
+        self.operation = ""
+        self._otel_parent = None
 
     def scheduled(self, t_ns: int | None = None) -> None:
         return None
@@ -214,10 +227,12 @@ def _check_count(field: str, value: Any) -> Any:
 class Phase:
     """One prefill, decode or mixed step: a context manager and a decorator.
 
-    As a context manager each ``with`` times one step; re-entering the same object
-    (nested or from another thread) is safe, each entry keeps its own start. As a
-    decorator every call is one step, and any size given as a callable is called
-    with the wrapped function's arguments.
+    As a context manager each ``with`` times one step (``with mon.decode(...)`` builds a
+    fresh one per step); the same object may be re-entered while open on the *same*
+    thread (nested), but is not meant to be shared by threads. As a decorator every
+    call is one step with its own Phase, and any size given as a callable is called
+    with the wrapped function's arguments. (An ``async def`` step's range spans its
+    awaits: keep device work of one step inside one coroutine.)
     """
 
     __slots__ = ("_batch", "_ctx", "_dynamic", "_ev", "_mon", "_outer", "_phase", "_seq_lens", "_t0", "_tokens")
@@ -256,7 +271,7 @@ class Phase:
             raise ConfigError(
                 f"{self._phase}: sizes given as callables only work in the decorator form (@mon.{self._phase}(...))"
             )
-        if self._t0 is not None:  # re-entered (nested, or another thread): keep the outer entry
+        if self._t0 is not None:  # re-entered while open (nested): keep the outer entry
             if self._outer is None:
                 self._outer = []
             self._outer.append((self._t0, self._ev))
@@ -273,16 +288,28 @@ class Phase:
                 mon._tick += 1
                 if mon._tick >= mon._timing_every:
                     mon._tick = 0
-                    ev = self._ev = pool.acquire()
-                    if ev is not None:
+                    ev = pool.acquire()
+                    if ev is None:
+                        # every pair is in flight: count the step, do not time it (a host interval
+                        # around an asynchronous launch would pass for device time)
+                        mon._untimed_pool_empty += 1
+                        self._ev = False
+                    else:
+                        self._ev = ev
                         mon._record(ev[0])
                 else:
                     self._ev = False  # not sampled: counted, not timed
             self._t0 = mon._clock()
         except Exception as e:
             mon._errors.record(e, f"{self._phase}.__enter__")
-            self._t0 = _SKIPPED
+            self._abandon(mon)
         return self
+
+    def _abandon(self, mon: Monitor) -> None:
+        """After an internal error: give the event pair back and record nothing for this entry."""
+        ev, self._ev, self._t0 = self._ev, None, _SKIPPED
+        if ev and mon._pool is not None:
+            mon._pool.release(ev)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         mon = self._mon
@@ -297,7 +324,12 @@ class Phase:
             if t0 is None or t0 == _SKIPPED:
                 return
             if ev:
-                mon._record(ev[1])
+                try:
+                    mon._record(ev[1])
+                except Exception:
+                    if mon._pool is not None:
+                        mon._pool.release(ev)  # never pushed: back to the pool, not leaked
+                    raise
             t1 = mon._clock()
             mon._nvtx_pop()
             mon._push((STEP, self._phase, t0, t1, ev, self._batch, self._tokens, self._ctx, self._seq_lens,
@@ -318,10 +350,10 @@ class Phase:
                 return Phase(mon, phase, *sizes)
             try:
                 vals = [v(*args, **kwargs) if callable(v) else v for v in sizes]
-            except Exception as e:
+                return Phase(mon, phase, *vals)
+            except Exception as e:  # a size callable that fails or returns a bad value: the call still runs
                 mon._errors.record(e, f"@{phase} size callable")
-                vals = [0, None, 0, None]
-            return Phase(mon, phase, *vals)
+                return Phase(mon, phase, 0, None, 0, None)
 
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
@@ -359,9 +391,10 @@ class Monitor:
         operation: GenAI operation name of request spans (``"chat"``, ``"text_completion"``, …).
         queue_size: records the collector may lag behind before dropping (never blocking).
         event_pool_size: CUDA event pairs in flight at most.
-        timing_every: time every N-th step with CUDA events (default 1: all). The others are still counted
-            (steps, tokens, bytes, FLOPs) but not timed: recording two events is most of the hot path's cost
-            on a slow host (~3.5 µs each on an H200 VM), so N=4 cuts it by about three quarters.
+        timing_every: time every N-th step with CUDA events (default 1: all). The others still count as
+            steps and tokens, but not in step time, MBU/MFU or the byte and FLOP counters (so that
+            bytes / step seconds stays exact in PromQL): recording two events is most of the hot path's
+            cost on a slow host (~3.5 µs each on an H200 VM), so N=4 cuts it by about three quarters.
         step_span_rate: fraction of steps that get a span (0: none).
         compute_dtype: dtype whose dense peak MFU divides by (default: the model's dtype, bf16 for
             integer weights).
@@ -404,6 +437,7 @@ class Monitor:
         self._server: MetricsServer | None = None
         self._closed = False
         self._dropped = 0
+        self._untimed_pool_empty = 0  # steps counted but not timed because every event pair was in flight
         self._collector: Collector | None = None
 
         self.model = self._resolve_model(_env("PERFSDK_MODEL") if model is _UNSET else model)
@@ -413,7 +447,11 @@ class Monitor:
         self.hardware = self._resolve_hardware(hw_arg)
         self.compute_dtype = compute_dtype or self._default_compute_dtype()
 
-        qs = int(queue_size if queue_size is not None else _env("PERFSDK_QUEUE_SIZE") or 65536)
+        raw_qs = queue_size if queue_size is not None else _env("PERFSDK_QUEUE_SIZE") or 65536
+        try:
+            qs = int(raw_qs)
+        except (TypeError, ValueError):
+            raise ConfigError(f"queue_size: expected an integer, got {raw_qs!r}") from None
         if qs < 1:
             raise ConfigError(f"queue_size: must be >= 1, got {qs}")
         self._queue_cap = qs
@@ -647,6 +685,10 @@ class Monitor:
 
         if self._window is not None and not config:
             return self._window
+        if self._window is not None and self._window.state in ("ready", "running", "writing"):
+            # the serving thread drives a running capture through the current window; swapping it now
+            # would leave torch.profiler recording with nobody to stop it
+            raise ConfigError("enable_profiler: a capture is in progress; change settings once it has finished")
         new = ProfilerWindow(self, **config)  # validate before dropping the old window
         old, self._window = self._window, new
         if old is not None:

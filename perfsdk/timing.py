@@ -4,9 +4,10 @@ A step is timed by a pair of CUDA events recorded on the current stream around
 it — recording is asynchronous and never waits for the GPU — and the pair is
 read later, on the collector thread, once the end event has completed. Events
 come from a bounded pool (:class:`EventPool`) and go back to it after they are
-read, so the hot path never allocates and memory stays fixed; when the pool is
-empty the step is timed on the host clock only and counted as dropped device
-timing.
+read (16 pairs are made up front, more on demand up to the capacity, so memory
+stays bounded); when every pair is in flight the step is counted but not timed
+(``stats()["untimed_steps_event_pool_empty"]``): a host interval around an
+asynchronous launch would pass for device time.
 
 Events are created with ``blocking=True`` (``cudaEventBlockingSync``): when the
 collector must wait for one, its thread sleeps in the driver instead of
@@ -156,6 +157,11 @@ class EventPool:
 
     def release(self, pair: tuple[Any, Any]) -> None:
         self._free.append(pair)
+
+    def discard(self, pair: tuple[Any, Any]) -> None:
+        """Forget a pair that failed (a new one may be created in its place)."""
+        with self._lock:
+            self._created -= 1
 
     @property
     def in_use(self) -> int:

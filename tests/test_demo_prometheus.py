@@ -41,10 +41,6 @@ def _query(prom: str, promql: str) -> list[dict[str, Any]]:
 
 
 def test_prometheus_scrapes_the_demo_and_promql_sees_ttft(tmp_path: Path) -> None:
-    try:
-        from perfsdk.monitor import Monitor  # noqa: F401
-    except ImportError:
-        pytest.skip("perfsdk.monitor is not importable yet")
     from perfsdk.demo.stack import start_demo
 
     with start_demo(size="tiny", device="cpu", port=0, max_batch_slots=4, max_seq=512) as demo:

@@ -20,17 +20,6 @@ from perfsdk.demo.stack import DemoStack, start_demo  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def _has_monitor() -> bool:
-    try:
-        from perfsdk.monitor import Monitor  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_monitor = pytest.mark.skipif(not _has_monitor(), reason="perfsdk.monitor is not importable yet")
-
-
 @pytest.fixture(scope="module")
 def demo() -> Iterator[DemoStack]:
     with start_demo(size="tiny", device="cpu", port=0, max_batch_slots=4, max_seq=512) as stack:
@@ -158,7 +147,6 @@ def test_client_disconnect_mid_stream_frees_the_slot_and_serving_continues(demo:
     assert engine.active_slots == 0
 
 
-@needs_monitor
 def test_client_and_server_agree_on_counts_and_ttft() -> None:
     from perfsdk.bench import BenchConfig, benchmark
 

@@ -62,3 +62,14 @@ def test_bad_count_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         main(["floor", "--params", "eight", "--bandwidth-tb-s", "2"])
     assert "not a count" in capsys.readouterr().err
+
+
+def test_named_moe_with_other_bytes_per_param_keeps_active_parameters(capsys: pytest.CaptureFixture[str]) -> None:
+    bf16 = run_json(capsys, "--model", "mixtral-8x7b", "--bandwidth-tb-s", "2")
+    int8 = run_json(capsys, "--model", "mixtral-8x7b", "--bandwidth-tb-s", "2", "--bytes-per-param", "1")
+    assert int8["weight_bytes"] == pytest.approx(bf16["weight_bytes"] / 2)
+
+
+def test_heads_override_keeps_the_models_kv_heads(capsys: pytest.CaptureFixture[str]) -> None:
+    r = run_json(capsys, "--model", "llama-3-8b", "--heads", "32", "--bandwidth-tb-s", "2", "--ctx", "10")
+    assert r["kv_bytes_per_token"] == 131_072  # still 8 KV heads

@@ -547,11 +547,149 @@ def test_untimed_steps_are_counted_but_not_timed() -> None:
         assert h.count(STEP, phase="decode") == 1
         assert h.count(MBU, phase="decode") == 1
         assert h.value("perfsdk_step_tokens_total", phase="decode") == 4
+        # bytes only for the timed step, so bytes / step seconds (the PromQL MBU) stays exact
         assert h.value("perfsdk_step_bytes_total", phase="decode") == pytest.approx(
-            2 * budget.decode_step_bytes(MODEL, 100))
+            budget.decode_step_bytes(MODEL, 100))
         assert mon.stats()["decode"]["steps"] == 2
 
 
 def test_timing_every_is_validated() -> None:
     with pytest.raises(ConfigError, match="timing_every"):
         perfsdk.Monitor(registry=CollectorRegistry(), timing_every=0)
+
+
+class _FakeEvent:
+    """Stands in for torch.cuda.Event on a CPU box: the collector's calls, with scripted results."""
+
+    def __init__(self, ms: float = 2.0, fail: bool = False) -> None:
+        self.ms, self.fail = ms, fail
+
+    def query(self) -> bool:
+        if self.fail:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, other: _FakeEvent) -> float:
+        return other.ms
+
+
+class _FakePool:
+    def __init__(self, pairs: list[tuple[_FakeEvent, _FakeEvent]]) -> None:
+        self.free = list(pairs)
+        self.released: list[Any] = []
+        self.discarded: list[Any] = []
+
+    def acquire(self) -> tuple[_FakeEvent, _FakeEvent] | None:
+        return self.free.pop(0) if self.free else None
+
+    def release(self, pair: Any) -> None:
+        self.released.append(pair)
+
+    def discard(self, pair: Any) -> None:
+        self.discarded.append(pair)
+
+
+def _with_fake_pool(h: MonitorHarness, pool: _FakePool) -> None:
+    h.monitor._pool = pool  # type: ignore[assignment]
+    h.monitor._record = lambda ev: None
+
+
+def test_event_times_are_device_times_and_pairs_go_back_once() -> None:
+    with monitor_harness(model=MODEL, hardware=HW) as h:
+        pool = _FakePool([(_FakeEvent(), _FakeEvent(ms=4.0)) for _ in range(3)])
+        _with_fake_pool(h, pool)
+        for _ in range(3):
+            with h.monitor.decode(batch=1, context_tokens=10):
+                pass
+        assert h.sum(STEP, phase="decode") == pytest.approx(3 * 0.004)
+        assert len(pool.released) == 3
+        assert len({id(p) for p in pool.released}) == 3
+
+
+def test_an_empty_event_pool_counts_the_step_without_timing_it() -> None:
+    with monitor_harness(model=MODEL, hardware=HW) as h:
+        pool = _FakePool([(_FakeEvent(), _FakeEvent(ms=4.0))])
+        _with_fake_pool(h, pool)
+        for _ in range(3):
+            with h.monitor.decode(batch=1, context_tokens=10):
+                pass
+        # one timed step; two counted only (a host interval around a launch is not device time)
+        assert h.count(STEP, phase="decode") == 1
+        assert h.count(MBU, phase="decode") == 1
+        assert h.value("perfsdk_step_tokens_total", phase="decode") == 3
+        stats = h.monitor.stats()
+        assert stats["decode"]["steps"] == 3
+        assert stats["untimed_steps_event_pool_empty"] == 2
+
+
+def test_a_failing_cuda_event_is_dropped_not_retried_forever() -> None:
+    with monitor_harness(model=MODEL, hardware=HW) as h:
+        pool = _FakePool([(_FakeEvent(fail=True), _FakeEvent(fail=True)), (_FakeEvent(), _FakeEvent(ms=3.0))])
+        _with_fake_pool(h, pool)
+        for _ in range(2):
+            with h.monitor.decode(batch=1, context_tokens=10):
+                pass
+        assert h.monitor.flush(timeout=5)
+        assert h.count(STEP, phase="decode") == 1  # the healthy step
+        assert h.monitor.stats()["decode"]["steps"] == 2
+        assert len(pool.discarded) == 1
+        assert len(pool.released) == 1
+        assert h.value("perfsdk_internal_errors_total") == 1
+
+
+def test_request_edge_cases() -> None:
+    clock = FakeClock()
+    with monitor_harness(clock=clock) as h:
+        req = h.monitor.request(prompt_tokens=3)
+        req.tokens(0)  # nothing emitted: no TTFT
+        assert req.first_token_ns is None
+        clock.advance(0.01)
+        req.tokens(1)
+        req.finish("abort")
+        req.tokens(1)  # late token after finish: ignored
+        assert req.output_tokens == 1
+        assert h.count(E2E) == 1
+        # two threads racing to finish: one wins
+        racer = h.monitor.request(prompt_tokens=1)
+        import threading
+
+        threads = [threading.Thread(target=racer.finish, args=(r,)) for r in ("stop", "abort") * 8]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert h.count(E2E) == 2
+
+
+def test_disabled_monitor_requests_read_as_empty() -> None:
+    off = perfsdk.Monitor(registry=CollectorRegistry(), enabled=False)
+    req = off.request(prompt_tokens=5)
+    assert req.finished is False
+    assert req.output_tokens == 0
+    assert req.request_id is None
+    off.close()
+
+
+def test_decorator_with_a_bad_size_value_still_runs_the_call() -> None:
+    with monitor_harness() as h:
+        @h.monitor.decode(batch=lambda x: x / 2)  # a float: not a batch size
+        def step(x: int) -> int:
+            return x + 1
+
+        assert step(4) == 5
+        assert h.value("perfsdk_internal_errors_total") == 1
+
+
+def test_numpy_sequence_lengths_in_mixed_and_prefill_steps() -> None:
+    np = pytest.importorskip("numpy")
+    with monitor_harness(model=MODEL, hardware=HW) as h:
+        with h.monitor.mixed(prefill_seq_lens=np.array([128, 64]), decode_batch=2, context_tokens=500):
+            pass
+        with h.monitor.prefill(seq_lens=[np.int64(32), np.int64(16)], batch=2):
+            pass
+        assert h.value("perfsdk_step_tokens_total", phase="mixed") == 194
+        assert h.value("perfsdk_step_tokens_total", phase="prefill") == 48
+        assert h.value("perfsdk_internal_errors_total") == 0

@@ -105,7 +105,7 @@ async def send_request(
         await asyncio.wait_for(_stream(session, url, payload, record, state=state, headers=headers), timeout_s)
     except _StreamFailure as e:
         record.fail(e.reason, e.detail)
-    except TimeoutError:
+    except (TimeoutError, asyncio.TimeoutError):  # distinct classes before Python 3.11
         where = f"after {record.chunks} text chunks" if state.headers else "before the response headers"
         record.fail(TIMEOUT, f"no complete response within {timeout_s:g} s ({where})")
     except asyncio.CancelledError:

@@ -189,6 +189,7 @@ def create_app(
             return JSONResponse(info, status_code=409)
         if wait > 0:
             result = await asyncio.to_thread(handle.wait, min(wait, 300.0))
+            info = handle.to_dict()  # the state after the wait, not the one at arming
             if result is not None:
                 info["result"] = {k: v for k, v in result.to_dict().items() if k != "diagnosis"}
                 if result.diagnosis is not None:

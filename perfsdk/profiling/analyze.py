@@ -155,6 +155,7 @@ class StepStats:
     device_syncs: int = 0
     event_syncs: int = 0
     d2h_copies: int = 0
+    blocking_copies: int = 0  # synchronous cudaMemcpy calls (the host waits for the copy)
     sync_blocked_us: float = 0.0
     h2d_copies: int = 0
     h2d_pageable_copies: int = 0
@@ -178,8 +179,12 @@ class StepStats:
 
     @property
     def host_syncs(self) -> int:
-        """Synchronise calls plus device-to-host copies: each one stalls the host on the GPU."""
-        return self.stream_syncs + self.device_syncs + self.event_syncs + self.d2h_copies
+        """Calls that stall the host on the GPU: synchronise calls and synchronous ``cudaMemcpy``.
+
+        A D2H ``cudaMemcpyAsync`` is not counted on its own: torch's ``.item()``/``.tolist()`` issue one
+        followed by a ``cudaStreamSynchronize``, which is the one stall (counted once, as that sync).
+        """
+        return self.stream_syncs + self.device_syncs + self.event_syncs + self.blocking_copies
 
     def category_shares(self) -> dict[str, float]:
         total = sum(self.category_us.values())
@@ -492,6 +497,8 @@ def analyze_trace(
                 st.device_syncs += 1
             elif c.name in _EVENT_SYNC:
                 st.event_syncs += 1
+            if c.name == "cudaMemcpy":
+                st.blocking_copies += 1
             if c.name in _HOST_SYNCS or c.name == "cudaMemcpy":
                 st.sync_blocked_us += c.dur
         cpu_in_step = _in_span(cpu_by_thread, trace.cpu_ops, span)
@@ -635,12 +642,16 @@ def _findings(diag: Diagnosis) -> list[Finding]:
         blocked = sum(s.sync_blocked_us for s in steps) / window
         parts = [f"{label} ×{per_step(a):g}" for a, label in
                  (("stream_syncs", "stream synchronize"), ("device_syncs", "device synchronize"),
-                  ("event_syncs", "event synchronize"), ("d2h_copies", "device-to-host copy"))
+                  ("event_syncs", "event synchronize"), ("blocking_copies", "synchronous cudaMemcpy"))
                  if per_step(a) > 0]
+        d2h = per_step("d2h_copies")
+        reads = f"; {d2h:g} device-to-host copies per step (host reads of device values)" if d2h else ""
+        # at stake: the GPU idle after each sync returns (the host refilling the queue). The time the
+        # host spends blocked while the GPU is busy costs nothing by itself, so it is evidence, not share.
         out.append(Finding(
-            "sync_bound", max(after, blocked),
-            f"{syncs:g} host synchronisations per step ({', '.join(parts)}); host blocked {blocked:.0%} of "
-            f"step time, GPU idle {after:.0%} right after a sync returned",
+            "sync_bound", after,
+            f"{syncs:g} host synchronisations per step ({', '.join(parts)}){reads}; GPU idle {after:.0%} "
+            f"of step time right after a sync returned; host blocked {blocked:.0%}",
             "Remove host reads of device values inside the step (.item(), .tolist(), .cpu(), bool(tensor), "
             "torch.cuda.synchronize()); keep the value on the device, or copy it non_blocking into a pinned "
             "buffer and read it one step later."))

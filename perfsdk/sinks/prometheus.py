@@ -12,9 +12,9 @@ raise "Duplicated timeseries"). Label children are bound when a sink is built,
 so an observation on the collector thread is one ``observe`` on a child.
 
 With ``PROMETHEUS_MULTIPROC_DIR`` set, prometheus_client writes values to
-per-process files; gauges here say how processes combine (``mostrecent`` for the
-hardware peaks, ``livesum`` for the last capture's busy fraction is not summed but
-``max``), and :func:`multiprocess_registry` reads them all back for ``/metrics``.
+per-process files; every gauge here declares ``mostrecent`` (the hardware peaks and
+the last capture's busy fraction are facts, not sums), and :func:`multiprocess_registry`
+reads all processes back for ``/metrics``.
 """
 
 from __future__ import annotations
