@@ -193,3 +193,39 @@ def test_client_and_server_agree_on_counts_and_ttft() -> None:
         client_idx = next(i for i, (le, _) in enumerate(buckets) if client_ttft[rank - 1] <= le)
         assert server_idx <= client_idx <= server_idx + 1, (buckets, client_ttft)
         assert histogram_quantile(reg, TTFT, 0.5) is not None
+
+
+def test_profile_endpoint_captures_under_load_and_returns_the_verdict(demo: DemoStack, tmp_path: Any) -> None:
+    """POST /debug/profile?wait=N: a real torch.profiler capture of the serving engine, diagnosed."""
+    import threading
+
+    demo.monitor.enable_profiler(directory=str(tmp_path / "traces"), steps=2, warmup=1, steady_window=4,
+                                 steady_cv=0.5, warmup_steps=2, steady_timeout_s=10.0)
+    stop = threading.Event()
+
+    def load() -> None:  # keep decode steps coming while the window waits for them
+        while not stop.is_set():
+            httpx.post(demo.server.base_url + "/v1/completions", timeout=30,
+                       json={"model": demo.model_name, "prompt": "hi", "max_tokens": 24, "ignore_eos": True})
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        r = httpx.post(demo.server.base_url + "/debug/profile", params={"steps": 2, "wait": 60}, timeout=90)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["accepted"] is True
+    assert body["state"] == "done"
+    result = body["result"]
+    assert result["error"] is None
+    assert result["trace"].endswith(".pt.trace.json.gz")
+    assert (tmp_path / "traces").exists()
+    assert result["verdict"].startswith("perfsdk profile:")
+    assert isinstance(body["findings"], list)
+    # a second window while none is running is accepted again; a bad mode is a 400
+    assert httpx.post(demo.server.base_url + "/debug/profile", params={"mode": "bogus"}).status_code == 400
