@@ -94,7 +94,7 @@ def _hardware(device: str, calibrate: bool) -> tuple[Any, str]:
     return spec, f"calibrated: {spec.display_name}"
 
 
-def _monitor(spec: Any, hw: Any, model_name: str) -> tuple[Any, str]:
+def _monitor(spec: Any, hw: Any, model_name: str) -> Any:
     from prometheus_client import CollectorRegistry
 
     import perfsdk
@@ -106,7 +106,7 @@ def _monitor(spec: Any, hw: Any, model_name: str) -> tuple[Any, str]:
     # production defaults (32 steady steps of one batch size) could wait minutes here: the demo's
     # window asks for 8 steps within 30 % of each other and captures anyway after 20 s.
     mon.enable_profiler(steady_window=8, steady_cv=0.3, warmup_steps=4, steady_timeout_s=20.0)
-    return mon, ""
+    return mon
 
 
 def _warm_up(model: Any) -> None:
@@ -161,10 +161,7 @@ def start_demo(
             name=model_name,
         )
         hw, hw_note = _hardware(dev, calibrate)
-        mon, note = _monitor(spec, hw, model_name)
-        if note:
-            log.warning("%s", note)
-            notes.append(note)
+        mon = _monitor(spec, hw, model_name)
     engine = Engine(model, monitor=mon, seed=seed).start()
     server = DemoServer(create_app(engine, mon, model_name=model_name), host=host, port=port)
     try:
