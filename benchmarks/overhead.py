@@ -192,8 +192,13 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
-def make_monitor(spec: ModelSpec, hw: Any, exporter_holder: list[Any], **kw: Any) -> perfsdk.Monitor:
-    """A Monitor with every sink on: Prometheus (own registry), NVTX, OTel SDK + BatchSpanProcessor."""
+def make_monitor(spec: ModelSpec, hw: Any, exporter_holder: list[Any], nvtx: bool | str = True,
+                 **kw: Any) -> perfsdk.Monitor:
+    """A Monitor with every sink on: Prometheus (own registry), NVTX, OTel SDK + BatchSpanProcessor.
+
+    *nvtx*: True forces the ranges on (the default here: "every sink on"); "auto" is the production
+    default, which pushes them only when an NVTX tool (Nsight) is attached.
+    """
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -204,62 +209,99 @@ def make_monitor(spec: ModelSpec, hw: Any, exporter_holder: list[Any], **kw: Any
     provider.add_span_processor(BatchSpanProcessor(exporter))
     exporter_holder.append((provider, exporter))
     return perfsdk.Monitor(model=spec, hardware=hw, registry=CollectorRegistry(), tracer_provider=provider,
-                           nvtx=True, step_span_rate=0.01, model_name="bench-1b", **kw)
+                           nvtx=nvtx, step_span_rate=0.01, model_name="bench-1b", **kw)
+
+
+def thread_cpu_ns(thread: threading.Thread | None) -> int:
+    """CPU time another thread has used so far (Linux: its CPU-time clock), 0 where unavailable."""
+    if thread is None or thread.ident is None:
+        return 0
+    try:
+        return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
+    except (AttributeError, OSError):
+        return 0
 
 
 # --------------------------------------------------------------------------- parts
-def host_costs(mon: perfsdk.Monitor, device: str) -> dict[str, float]:
+def host_costs(spec: ModelSpec, hw: Any, device: str, holder: list[Any]) -> dict[str, float]:
     n = 20000
     out: dict[str, float] = {"perf_counter_ns": median_ns(time.perf_counter_ns, n)}
     if device == "cuda":
+        from perfsdk.cuda_driver import driver_events
         from perfsdk.timing import capture_check, make_recorder
 
         ev = torch.cuda.Event(enable_timing=True, blocking=True)
         out["cuda_event_record_public"] = median_ns(ev.record, n)
         rec = make_recorder()
-        out["cuda_event_record_perfsdk"] = median_ns(lambda: rec(ev), n)
-        out["cuda_event_query"] = median_ns(ev.query, n)
+        out["cuda_event_record_torch_cached_stream"] = median_ns(lambda: rec(ev), n)
+        out["cuda_event_query_torch"] = median_ns(ev.query, n)
+        drv = driver_events()
+        if drv is not None:
+            dev_ev = drv.new()
+            drec = drv.make_record()
+            out["cuda_event_record_driver"] = median_ns(lambda: drec(dev_ev), n)
+            raw = torch._C._cuda_getCurrentRawStream
+            out["raw_stream_handle"] = median_ns(lambda: raw(0), n)
+            out["cuda_event_query_driver"] = median_ns(lambda: drv.query(dev_ev), n)
+            torch.cuda.synchronize()
+            out["cuda_event_elapsed_driver"] = median_ns(lambda: drv.elapsed_s(dev_ev, dev_ev), n)
+            drv.destroy(dev_ev)
+            drv.close()
         out["torch_cuda_current_stream"] = median_ns(torch.cuda.current_stream, n)
         out["capture_check"] = median_ns(capture_check(True), n)
         out["torch_compiler_is_compiling"] = median_ns(torch.compiler.is_compiling, n)
         out["torch_cuda_is_current_stream_capturing"] = median_ns(torch.cuda.is_current_stream_capturing, n)
-    out["nvtx_push_pop"] = median_ns(lambda: (mon._nvtx_push("decode", 8), mon._nvtx_pop()), n)
 
-    def phase() -> None:
-        with mon.decode(batch=8, context_tokens=8192):
-            pass
+    def enter_exit(mon: perfsdk.Monitor) -> Callable[[], None]:
+        def phase() -> None:
+            with mon.decode(batch=8, context_tokens=8192):
+                pass
+        return phase
 
-    out["decode_phase_enter_exit"] = median_ns(phase, n)
-    mon.flush(60)
-    # the same with the collector stopped: the serving thread's own cost, no GIL shared with the collector
-    quiet = make_monitor(mon.model, mon.hardware, [])  # type: ignore[arg-type]
-    # enough events made up front: nothing returns them to the pool while the collector is stopped
-    quiet._pool = None if quiet._pool is None else type(quiet._pool)(n + 1000, prefill=n + 1000)
-    assert quiet._collector is not None
-    quiet._collector.stop(10)
-
-    def quiet_phase() -> None:
-        with quiet.decode(batch=8, context_tokens=8192):
-            pass
-
-    out["decode_phase_enter_exit_collector_stopped"] = median_ns(quiet_phase, n)
-    quiet._queue.clear()
-    req = mon.request(prompt_tokens=16)
-    out["request_tokens_1"] = median_ns(lambda: req.tokens(1), n)
-    req.finish()
+    variants: list[tuple[str, dict[str, Any]]] = [("", {}), ("_nvtx_auto", {"nvtx": "auto"})]
+    if device == "cuda":
+        variants.append(("_torch_events", {"cuda_events": "torch"}))
+    for suffix, kw in variants:
+        mon = make_monitor(spec, hw, holder, **kw)
+        if not suffix:
+            out["nvtx_push_pop"] = median_ns(lambda mon=mon: (mon._nvtx_push("decode", 8), mon._nvtx_pop()), n)
+            req = mon.request(prompt_tokens=16)
+            out["request_tokens_1"] = median_ns(lambda req=req: req.tokens(1), n)
+            req.finish()
+        out["decode_phase_enter_exit" + suffix] = median_ns(enter_exit(mon), n)
+        mon.flush(60)
+        mon.close()
+        # the same with the collector stopped: the serving thread's own cost, no GIL shared with the collector
+        quiet = make_monitor(spec, hw, holder, event_pool_size=n + 1000, **kw)
+        if quiet._pool is not None:
+            quiet._pool.reserve(n + 1000)  # nothing returns pairs while the collector is stopped
+        assert quiet._collector is not None
+        quiet._collector.stop(10)
+        out["decode_phase_enter_exit_collector_stopped" + suffix] = median_ns(enter_exit(quiet), n)
+        quiet._queue.clear()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        quiet.close()
     from prometheus_client import CollectorRegistry, Histogram
 
     h = Histogram("x_seconds", "x", ["model"], registry=CollectorRegistry()).labels("m")
     out["prometheus_child_observe"] = median_ns(lambda: h.observe(0.001), n)
-    mon.flush(60)
     return out
 
 
 def step_loop(mon: perfsdk.Monitor | None, step: Callable[[], object], steps: int, batch: int, ctx: int,
               device: str) -> dict[str, float]:
-    """Run *steps* steps; time the loop end to end and (instrumented) the hot-path CPU cost."""
+    """Run *steps* steps; time the loop end to end and (instrumented) the hot-path CPU cost.
+
+    Also the CPU time of the serving thread (``thread_time``) and of the collector thread over the run.
+    """
     add_ns = 0
+    collector = mon._collector if mon is not None else None
     sync(device)
+    if mon is not None:
+        mon.flush(60)
+    c0 = thread_cpu_ns(collector)
+    s0 = time.thread_time_ns()
     t_start = time.perf_counter_ns()
     if mon is None:
         for _ in range(steps):
@@ -278,7 +320,12 @@ def step_loop(mon: perfsdk.Monitor | None, step: Callable[[], object], steps: in
             add_ns += (b - a) + (d - c)
     sync(device)
     total = time.perf_counter_ns() - t_start
-    return {"step_us": total / steps / 1e3, "hot_path_cpu_us": add_ns / steps / 1e3 if mon is not None else 0.0}
+    serving_cpu = time.thread_time_ns() - s0
+    if mon is not None:
+        mon.flush(60)
+    collector_cpu = thread_cpu_ns(collector) - c0
+    return {"step_us": total / steps / 1e3, "hot_path_cpu_us": add_ns / steps / 1e3 if mon is not None else 0.0,
+            "serving_thread_cpu_us": serving_cpu / steps / 1e3, "collector_cpu_us": collector_cpu / steps / 1e3}
 
 
 def timer_floor_ns(n: int = 20000) -> float:
@@ -298,14 +345,18 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
                      batches: list[int], reps: int, holder: list[Any]) -> list[dict[str, Any]]:
     results = []
     floor_ns = timer_floor_ns()
+    # (name, Monitor settings, CUDA graph?); the first of each kind is perfsdk's default with NVTX forced on
+    modes: list[tuple[str, dict[str, Any], bool]] = [("eager", {}, False)]
+    if device == "cuda":
+        modes += [("cuda_graph", {}, True), ("cuda_graph_nvtx_auto", {"nvtx": "auto"}, True),
+                  ("cuda_graph_torch_events", {"cuda_events": "torch"}, True),
+                  ("cuda_graph_timing_every_4", {"timing_every": 4}, True)]
     for batch in batches:
         tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
         pos = torch.tensor([ctx - 1], device=device)
-        modes = ["eager"] + (["cuda_graph", "cuda_graph_timing_every_4"] if device == "cuda" else [])
-        for mode in modes:
-            if mode.startswith("cuda_graph"):
-                g = capture_decode_graph(model, tokens, pos)
-
+        g = capture_decode_graph(model, tokens, pos) if device == "cuda" else None
+        for mode, kw, graph in modes:
+            if graph:
                 def step(g: Any = g) -> None:
                     g.replay()
                 steps = 1500 if batch == 1 else 800
@@ -315,7 +366,7 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
                 steps = (300 if batch == 1 else 200) if device == "cuda" else 40
             for _ in range(10):
                 step()
-            mon = make_monitor(spec, hw, holder, timing_every=4 if mode.endswith("every_4") else 1)
+            mon = make_monitor(spec, hw, holder, **kw)
             bare, inst = [], []
             # A/B interleaved so clock and thermal drift affect both the same way
             step_loop(None, step, max(steps // 10, 5), batch, ctx, device)  # warm both paths
@@ -335,23 +386,35 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
                             torch.cuda.set_sync_debug_mode(0)
             mon.flush(120)
             st = mon.stats()["decode"]
-            bare_us = statistics.median(r["step_us"] for r in bare)
-            inst_us = statistics.median(r["step_us"] for r in inst)
-            hot_us = statistics.median(r["hot_path_cpu_us"] for r in inst) - floor_ns / 1e3
+
+            def med(runs: list[dict[str, float]], key: str) -> float:
+                return statistics.median(r[key] for r in runs)
+
+            bare_us, inst_us = med(bare, "step_us"), med(inst, "step_us")
+            hot_us = med(inst, "hot_path_cpu_us") - floor_ns / 1e3
             results.append({
-                "batch": batch, "ctx": ctx, "mode": mode, "steps_per_run": steps, "runs": reps,
+                "batch": batch, "ctx": ctx, "mode": mode, "monitor_settings": kw, "cuda_events": mon.cuda_events,
+                "nvtx_backend": mon.nvtx_backend, "steps_per_run": steps, "runs": reps,
                 "bare_step_us": bare_us, "instrumented_step_us": inst_us,
                 "end_to_end_overhead_pct": (inst_us - bare_us) / bare_us * 100,
                 "hot_path_cpu_us_per_step": hot_us,
                 "hot_path_pct_of_step": hot_us / bare_us * 100,
+                "serving_thread_cpu_us_per_step_bare": med(bare, "serving_thread_cpu_us"),
+                "serving_thread_cpu_us_per_step_instrumented": med(inst, "serving_thread_cpu_us"),
+                "collector_cpu_us_per_step": med(inst, "collector_cpu_us"),
                 "zero_syncs_under_sync_debug_error": True,  # the loop above would have raised otherwise
                 "perfsdk_decode_steps": st["steps"], "perfsdk_step_ms_p50": st["step_ms_p50"],
                 "perfsdk_mbu_mean": st["mbu_mean"], "dropped": mon.stats()["dropped_records"],
+                "untimed_pool_empty": mon.stats()["untimed_steps_event_pool_empty"],
                 "internal_errors": mon.stats()["internal_errors"],
             })
-            print(f"  batch {batch} {mode:10s} bare {bare_us:8.1f} us  instr {inst_us:8.1f} us "
-                  f"({results[-1]['end_to_end_overhead_pct']:+.2f}%)  hot path {hot_us:.2f} us/step "
-                  f"({results[-1]['hot_path_pct_of_step']:.3f}%)  MBU {st['mbu_mean'] or 0:.3f}", flush=True)
+            r = results[-1]
+            print(f"  batch {batch} {mode:26s} bare {bare_us:8.1f} us  instr {inst_us:8.1f} us "
+                  f"({r['end_to_end_overhead_pct']:+.2f}%)  hot path {hot_us:.2f} us/step  serving CPU "
+                  f"{r['serving_thread_cpu_us_per_step_bare']:.1f} -> "
+                  f"{r['serving_thread_cpu_us_per_step_instrumented']:.1f} us  collector "
+                  f"{r['collector_cpu_us_per_step']:.1f} us  MBU {st['mbu_mean'] or 0:.3f}  "
+                  f"errors {r['internal_errors']}", flush=True)
             mon.close()
     return results
 
@@ -389,6 +452,135 @@ def sync_census(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: int, h
             "note": "the serving thread's only synchronize is the benchmark's own torch.cuda.synchronize() "
                     "after the loop; cudaEventSynchronize on another thread is the collector waiting "
                     "(blocking-sync events, GIL released)"}
+
+
+def capture_safety(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: list[Any]) -> dict[str, Any]:
+    """CUDA-graph capture while perfsdk's collector is busy on another thread.
+
+    In CUDA's default (global) capture mode, an event query or synchronise from *any* thread during a
+    capture invalidates it. A second thread keeps stepping (events on its own stream) so that the
+    collector queries and waits on events throughout; the main thread captures graphs with
+    ``with mon.decode()`` inside the capture (which must be a no-op). The collector runs in relaxed
+    mode, so every capture must succeed. Control: a plain thread querying an event in a loop, in the
+    default mode, during the same kind of capture.
+    """
+    out: dict[str, Any] = {}
+    tokens = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+    pos = torch.tensor([ctx - 1], device="cuda")
+    mon = make_monitor(spec, hw, holder)
+    stop = threading.Event()
+    side = torch.cuda.Stream()
+
+    def background() -> None:
+        with torch.cuda.stream(side):
+            while not stop.is_set():
+                with mon.decode(batch=1, context_tokens=ctx):
+                    time.sleep(0.0002)  # no device work: the events alone keep the collector querying
+
+    t = threading.Thread(target=background, daemon=True)
+    t.start()
+    ok, errors = 0, []
+    steps_before = mon.stats()["decode"]["steps"]
+    for _ in range(10):
+        try:
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                model.decode(tokens, pos)
+            torch.cuda.current_stream().wait_stream(s)
+            # mon.decode inside the capture: must do nothing
+            with torch.cuda.graph(g), mon.decode(batch=1, context_tokens=ctx):
+                model.decode(tokens, pos)
+            g.replay()
+            torch.cuda.synchronize()
+            ok += 1
+        except Exception as e:
+            errors.append(repr(e)[:300])
+    stop.set()
+    t.join()
+    mon.flush(60)
+    st = mon.stats()
+    out["with_perfsdk_collector"] = {
+        "captures": 10, "succeeded": ok, "errors": errors,
+        "background_steps_processed": st["decode"]["steps"] - steps_before,
+        "internal_errors": st["internal_errors"], "cuda_events": mon.cuda_events}
+    mon.close()
+    print("== capture safety (perfsdk):", json.dumps(out["with_perfsdk_collector"]), flush=True)
+    return out
+
+
+def capture_control(model: Model, ctx: int) -> dict[str, Any]:
+    """The control for :func:`capture_safety`: a thread in the default capture mode querying an event."""
+    import ctypes
+
+    tokens = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+    pos = torch.tensor([ctx - 1], device="cuda")
+    ev = torch.cuda.Event()
+    ev.record()
+    torch.cuda.synchronize()
+    stop = threading.Event()
+    queries = [0]
+
+    def poller() -> None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        handle = ctypes.c_void_p(ev.cuda_event)
+        while not stop.is_set():
+            lib.cuEventQuery(handle)
+            queries[0] += 1
+
+    t = threading.Thread(target=poller, daemon=True)
+    t.start()
+    ok, errors = 0, []
+    for _ in range(5):
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                model.decode(tokens, pos)
+            ok += 1
+        except Exception as e:
+            errors.append(repr(e)[:300])
+    stop.set()
+    t.join()
+    try:
+        torch.cuda.synchronize()
+        healthy = True
+    except Exception as e:
+        healthy = False
+        errors.append("after: " + repr(e)[:300])
+    out = {"captures": 5, "succeeded": ok, "errors": errors, "queries": queries[0], "context_healthy": healthy}
+    print("== capture control (default mode poller):", json.dumps(out), flush=True)
+    return out
+
+
+def profiler_window(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: list[Any],
+                    directory: str) -> dict[str, Any]:
+    """The opt-in profiler window on real GPU loops: a CUDA-graph loop and an eager loop, torch mode."""
+    out: dict[str, Any] = {}
+    tokens = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+    pos = torch.tensor([ctx - 1], device="cuda")
+    g = capture_decode_graph(model, tokens, pos)
+    loops: dict[str, Callable[[], object]] = {"cuda_graph": g.replay, "eager": lambda: model.decode(tokens, pos)}
+    for name, step in loops.items():
+        mon = make_monitor(spec, hw, holder)
+        mon.enable_profiler(directory=directory, steps=4, warmup_steps=16, steady_cv=0.2)
+        handle = mon.profile(reason="benchmark")
+        t0 = time.perf_counter()
+        n = 0
+        while not handle.done and time.perf_counter() - t0 < 60:
+            with mon.decode(batch=1, context_tokens=ctx):
+                step()
+            n += 1
+        res = handle.wait(120)
+        d = (res.diagnosis or {}) if res is not None else {}
+        out[name] = {"steps_run": n, "verdict": res.verdict if res else None, "error": res.error if res else "timeout",
+                     "trace": os.path.basename(res.trace) if res and res.trace else None,
+                     "steady": res.steady if res else None,
+                     "gpu_busy_fraction": d.get("gpu_busy_fraction"),
+                     "findings": [f.get("kind") for f in d.get("findings", [])] if isinstance(d, dict) else None}
+        print(f"== profiler window ({name}):", json.dumps(out[name]), flush=True)
+        mon.close()
+    return out
 
 
 def collector_throughput(spec: ModelSpec, hw: Any, holder: list[Any]) -> dict[str, Any]:
@@ -548,6 +740,8 @@ def main() -> int:
     ap.add_argument("--out", default="overhead.json")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--no-capture-control", dest="capture_control", action="store_false",
+                    help="skip the control run (a thread breaking a CUDA-graph capture on purpose)")
     args = ap.parse_args()
     device = args.device
     torch.manual_seed(0)
@@ -565,9 +759,7 @@ def main() -> int:
                               "model": {**spec.to_dict(), "shape": vars(shape)}, "hardware": hw.as_dict()}
     print(f"== {result['environment'].get('gpu', 'cpu')}, torch {torch.__version__}, model "
           f"{spec.total_params / 1e9:.2f} B params {spec.weight_bytes / 1e9:.2f} GB", flush=True)
-    mon = make_monitor(spec, hw, holder)
-    result["host_cost_ns"] = host_costs(mon, device)
-    mon.close()
+    result["host_cost_ns"] = host_costs(spec, hw, device, holder)
     print("== host cost per call (ns):", json.dumps({k: round(v) for k, v in result["host_cost_ns"].items()}),
           flush=True)
     print("== decode loops", flush=True)
@@ -578,6 +770,15 @@ def main() -> int:
         result["agreement"] = mbu_agreement(model, spec, hw, device, args.ctx, holder)
         print("== agreement:", json.dumps({k: v.get("relative_difference") for k, v in result["agreement"].items()
                                            if isinstance(v, dict)}), flush=True)
+        out_dir = os.path.dirname(os.path.abspath(args.out))
+        for name, fn in (("capture_safety", lambda: capture_safety(model, spec, hw, args.ctx, holder)),
+                         ("profiler_window", lambda: profiler_window(model, spec, hw, args.ctx, holder,
+                                                                    os.path.join(out_dir, "traces")))):
+            try:
+                result[name] = fn()
+            except Exception as e:
+                result[name] = {"error": repr(e)}
+                print(f"== {name} failed: {e!r}", flush=True)
         try:
             cal = perfsdk.hardware.calibrate(device="cuda", cache=False)
             result["calibration"] = cal.as_dict()
@@ -587,6 +788,13 @@ def main() -> int:
     result["collector"] = collector_throughput(spec, hw, holder)
     print("== collector:", json.dumps(result["collector"]), flush=True)
     Path(args.out).write_text(json.dumps(result, indent=2, default=str))
+    if device == "cuda" and args.capture_control:
+        # last: it may leave the CUDA context unusable, which is the point it makes
+        try:
+            result["capture_safety"]["control_default_mode_poller"] = capture_control(model, args.ctx)
+        except Exception as e:
+            result["capture_safety"]["control_default_mode_poller"] = {"error": repr(e)}
+        Path(args.out).write_text(json.dumps(result, indent=2, default=str))
     print(f"wrote {args.out}")
     return 0
 

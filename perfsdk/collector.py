@@ -2,9 +2,10 @@
 
 It drains the Monitor's bounded queue in order, and for each record:
 
-* a **step** — waits until its end CUDA event has completed (``query()``, then
-  a blocking-sync ``synchronize()`` that sleeps in the driver with the GIL
-  released: no spinning core, and never on the serving thread), reads the
+* a **step** — waits until its end CUDA event has completed (a query, then a
+  blocking-sync wait that sleeps in the driver with the GIL released: no
+  spinning core, and never on the serving thread; it waits for the *newest*
+  pending step, so that one wake-up resolves every step queued before it), reads the
   device time, returns the events to the pool, computes the step's bytes and
   FLOPs (:mod:`perfsdk.budget`), MBU and MFU, and observes the Prometheus
   histograms and counters; feeds the profiler window's steady-state gate;
@@ -114,8 +115,12 @@ class Collector(threading.Thread):
         self.join(timeout)
 
     def run(self) -> None:
-        if self._mon._pool is not None:
-            _relax_capture_mode()
+        pool = self._mon._pool
+        if pool is not None:
+            try:
+                pool.api.thread_setup()  # the events' context current; relaxed graph-capture mode
+            except Exception as e:
+                self._mon._errors.record(e, "collector CUDA setup")
         q = self._queue
         while True:
             try:
@@ -174,25 +179,33 @@ class Collector(threading.Thread):
     def _resolve_pending(self, block: bool, all_: bool = False) -> None:
         pending = self._pending
         pool = self._mon._pool
+        if pool is None:
+            return
+        api = pool.api
         while pending:
             rec = pending[0]
             start, end = rec[4]
             seconds: float | None
             try:
-                if not end.query():
+                if not api.query(end):
                     if not block:
                         return
-                    end.synchronize()  # blocking-sync event: sleeps in the driver, GIL released
-                seconds = start.elapsed_time(end) / 1e3
-                if pool is not None:
-                    pool.release(rec[4])
+                    newest = pending[-1][4][1]
+                    if newest is not end and not api.query(newest):
+                        # Wait for the newest step instead: steps on one stream complete in order, so one
+                        # wake-up then resolves every step the host had queued, not one per step (fewer
+                        # GIL hand-offs to and from the serving thread). Then re-check the oldest.
+                        api.wait(newest)
+                        continue
+                    api.wait(end)  # blocking-sync event: sleeps in the driver, GIL released
+                seconds = api.elapsed_s(start, end)
+                pool.release(rec[4])
             except Exception as e:
                 # a CUDA error (sticky after a fault, say): this pair is unusable; drop it rather than
                 # retrying it forever, and keep the step as counted but untimed
                 self._mon._errors.record(e, "collector event")
                 seconds = None
-                if pool is not None:
-                    pool.discard(rec[4])
+                pool.discard(rec[4])
             pending.popleft()
             self._step(rec, seconds)
             if not all_ and self._queue:
@@ -345,24 +358,6 @@ class Collector(threading.Thread):
         out["internal_errors"] = self._mon._errors.count
         out["processed_records"] = self.processed
         return out
-
-
-def _relax_capture_mode() -> None:
-    """Put this (collector) thread in CUDA's *relaxed* stream-capture mode.
-
-    While another thread captures a CUDA graph in the default global mode, "potentially unsafe" calls
-    from any other thread — ``cudaEventQuery`` and ``cudaEventSynchronize`` among them — invalidate the
-    capture. The collector makes exactly those calls, so it opts out, as PyTorch's NCCL watchdog thread
-    does. Through the driver API (one libcuda per process, whichever runtime torch links).
-    """
-    try:
-        import ctypes
-
-        libcuda = ctypes.CDLL("libcuda.so.1")
-        mode = ctypes.c_int(2)  # CU_STREAM_CAPTURE_MODE_RELAXED
-        libcuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
-    except Exception:  # no driver library here (a CPU box, another platform): nothing to relax
-        pass
 
 
 def _snapshot(d: deque[float]) -> list[float]:

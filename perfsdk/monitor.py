@@ -46,7 +46,7 @@ saying what to pass. Settings also come from the environment (explicit
 arguments win): ``PERFSDK_ENABLED=0``, ``PERFSDK_MODEL`` (a known model name),
 ``PERFSDK_HARDWARE``, ``PERFSDK_SERVICE``, ``PERFSDK_MODEL_NAME``,
 ``PERFSDK_METRICS_PORT`` (serve /metrics at start), ``PERFSDK_NVTX``,
-``PERFSDK_OTEL``, ``PERFSDK_TIMING``, ``PERFSDK_QUEUE_SIZE``,
+``PERFSDK_OTEL``, ``PERFSDK_TIMING``, ``PERFSDK_CUDA_EVENTS``, ``PERFSDK_QUEUE_SIZE``,
 ``PERFSDK_STEP_SPAN_RATE``.
 """
 
@@ -275,6 +275,7 @@ class Phase:
             if self._outer is None:
                 self._outer = []
             self._outer.append((self._t0, self._ev))
+            self._ev = None  # the outer entry's pair is not this entry's to give back
         try:
             if mon._capturing():
                 self._t0 = _SKIPPED  # capture/trace time: the work is not really running now
@@ -282,7 +283,6 @@ class Phase:
             w = mon._window
             if w is not None and w.hot:
                 w.step_begin(self._phase)
-            mon._nvtx_push(self._phase, self._batch)
             pool = mon._pool
             if pool is not None:
                 mon._tick += 1
@@ -300,6 +300,8 @@ class Phase:
                 else:
                     self._ev = False  # not sampled: counted, not timed
             self._t0 = mon._clock()
+            if mon._nvtx_on:  # last, so that a failure above leaves no range open
+                mon._nvtx_push(self._phase, self._batch)
         except Exception as e:
             mon._errors.record(e, f"{self._phase}.__enter__")
             self._abandon(mon)
@@ -323,6 +325,8 @@ class Phase:
                 self._t0 = self._ev = None
             if t0 is None or t0 == _SKIPPED:
                 return
+            if mon._nvtx_on:  # first: the range closes even if what follows fails
+                mon._nvtx_pop()
             if ev:
                 try:
                     mon._record(ev[1])
@@ -331,7 +335,6 @@ class Phase:
                         mon._pool.release(ev)  # never pushed: back to the pool, not leaked
                     raise
             t1 = mon._clock()
-            mon._nvtx_pop()
             mon._push((STEP, self._phase, t0, t1, ev, self._batch, self._tokens, self._ctx, self._seq_lens,
                        None if exc_type is None else exc_type.__qualname__))
             w = mon._window
@@ -388,13 +391,15 @@ class Monitor:
             always, through the ``nvtx`` package; ``"torch"``: through ``torch.cuda.nvtx``; ``False``: never.
         tracer_provider: an OpenTelemetry provider (default: the global one; none set costs nothing).
         timing: ``"auto"`` (CUDA events if torch is imported and sees a GPU), ``"cuda"``, ``"host"``.
+        cuda_events: how CUDA events are made and recorded: ``"auto"`` (default: raw driver events through
+            libcuda, the cheapest record, else torch's), ``"driver"``, ``"torch"`` (``torch.cuda.Event``).
         operation: GenAI operation name of request spans (``"chat"``, ``"text_completion"``, …).
         queue_size: records the collector may lag behind before dropping (never blocking).
         event_pool_size: CUDA event pairs in flight at most.
         timing_every: time every N-th step with CUDA events (default 1: all). The others still count as
             steps and tokens, but not in step time, MBU/MFU or the byte and FLOP counters (so that
-            bytes / step seconds stays exact in PromQL): recording two events is most of the hot path's
-            cost on a slow host (~3.5 µs each on an H200 VM), so N=4 cuts it by about three quarters.
+            bytes / step seconds stays exact in PromQL): recording two events is much of the hot path's
+            cost on a slow host, and N=4 spares three steps in four of it.
         step_span_rate: fraction of steps that get a span (0: none).
         compute_dtype: dtype whose dense peak MFU divides by (default: the model's dtype, bf16 for
             integer weights).
@@ -416,6 +421,7 @@ class Monitor:
         tracer_provider: Any = None,
         nvtx: bool | str | None = None,
         timing: str | None = None,
+        cuda_events: str | None = None,
         operation: str = "text_completion",
         queue_size: int | None = None,
         event_pool_size: int = 1024,
@@ -477,12 +483,17 @@ class Monitor:
         if mode == "cuda" and not _timing.cuda_usable(force=True):
             raise ConfigError("timing='cuda': torch does not see a CUDA device here; use timing='host' or 'auto'")
         self.timing = "cuda" if use_cuda else "host"
-        self._pool = _timing.EventPool(event_pool_size, None) if use_cuda else None
-        self._record: Callable[[Any], None] = _timing.make_recorder() if use_cuda else _timing.no_record
+        events = (cuda_events or _env("PERFSDK_CUDA_EVENTS") or "auto").lower()
+        if events not in ("auto", "driver", "torch"):
+            raise ConfigError(f"cuda_events: expected 'auto', 'driver' or 'torch', got {events!r}")
+        self._pool = _timing.EventPool(_timing.event_api(events), event_pool_size) if use_cuda else None
+        self.cuda_events = self._pool.api.name if self._pool is not None else None
+        self._record: Callable[[Any], None] = self._pool.api.make_record() if self._pool else _timing.no_record
         self._capturing = _timing.capture_check(use_cuda) if self._enabled else _timing._never
         nvtx_choice = _env_bool("PERFSDK_NVTX", "auto") if nvtx is None else nvtx
         nv = make_nvtx(nvtx_choice if self._enabled else False)
         self.nvtx_backend = nv.backend
+        self._nvtx_on = nv.backend != "none"  # the hot path skips even the no-op calls when off
         self._nvtx_push = nv.push
         self._nvtx_pop = nv.pop
 
@@ -640,6 +651,8 @@ class Monitor:
         self.flush(timeout)
         if self._collector is not None:
             self._collector.stop(timeout)
+        if self._pool is not None and (self._collector is None or not self._collector.is_alive()):
+            self._pool.close()  # nothing in flight any more: destroy the events
         if self._server is not None:
             self._server.close()
             self._server = None

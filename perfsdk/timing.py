@@ -9,9 +9,15 @@ stays bounded); when every pair is in flight the step is counted but not timed
 (``stats()["untimed_steps_event_pool_empty"]``): a host interval around an
 asynchronous launch would pass for device time.
 
-Events are created with ``blocking=True`` (``cudaEventBlockingSync``): when the
+Events are created with blocking sync (``cudaEventBlockingSync``): when the
 collector must wait for one, its thread sleeps in the driver instead of
-spinning a core, and torch releases the GIL for the wait.
+spinning a core, with the GIL released.
+
+Two implementations of the same small event API (:class:`EventApi`), chosen
+once per Monitor by :func:`event_api`: raw driver handles through ``libcuda``
+(:mod:`perfsdk.cuda_driver`: the cheapest record, and it keeps the GIL), else
+``torch.cuda.Event`` objects recorded through a cached stream
+(:class:`TorchEvents`). ``PERFSDK_CUDA_EVENTS=torch`` forces the second.
 
 Code inside CUDA-graph capture or a torch.compile trace runs once, at capture
 time; :func:`capture_check` returns a predicate that is true there, so the
@@ -24,9 +30,10 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["EventPool", "capture_check", "cuda_usable", "make_recorder", "no_record"]
+__all__ = ["EventApi", "EventPool", "TorchEvents", "capture_check", "cuda_usable", "event_api", "make_recorder",
+           "no_record"]
 
 
 def cuda_usable(force: bool = False) -> bool:
@@ -114,36 +121,123 @@ def make_recorder() -> Callable[[Any], None]:
     return record
 
 
+class EventApi(Protocol):
+    """What the Monitor (hot path) and the collector need from a kind of CUDA event."""
+
+    name: str
+
+    def new(self) -> Any: ...
+    def destroy(self, ev: Any) -> None: ...
+    def make_record(self) -> Callable[[Any], None]: ...
+    def query(self, ev: Any) -> bool: ...
+    def wait(self, ev: Any) -> None: ...
+    def elapsed_s(self, start: Any, end: Any) -> float: ...
+    def thread_setup(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class TorchEvents:
+    """``torch.cuda.Event`` objects (timing, blocking sync), recorded through :func:`make_recorder`."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        import torch
+
+        self._event: Any = torch.cuda.Event
+
+    def new(self) -> Any:
+        return self._event(enable_timing=True, blocking=True)
+
+    def destroy(self, ev: Any) -> None:
+        pass  # freed with the object
+
+    def make_record(self) -> Callable[[Any], None]:
+        return make_recorder()
+
+    def query(self, ev: Any) -> bool:
+        return bool(ev.query())
+
+    def wait(self, ev: Any) -> None:
+        ev.synchronize()  # torch releases the GIL while the driver sleeps
+
+    def elapsed_s(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end)) / 1e3
+
+    def thread_setup(self) -> None:
+        _relax_capture_mode()
+
+    def close(self) -> None:
+        pass
+
+
+def event_api(choice: str | None = None) -> EventApi:
+    """The event implementation for this process: ``"driver"`` where libcuda allows, else ``"torch"``.
+
+    *choice*: ``"auto"`` (default), ``"driver"`` (raise if unavailable) or ``"torch"``.
+    """
+    from perfsdk.errors import ConfigError
+
+    choice = (choice or "auto").lower()
+    if choice not in ("auto", "driver", "torch"):
+        raise ConfigError(f"PERFSDK_CUDA_EVENTS: expected 'auto', 'driver' or 'torch', got {choice!r}")
+    if choice != "torch":
+        from perfsdk.cuda_driver import driver_events
+
+        api = driver_events()
+        if api is not None:
+            return api
+        if choice == "driver":
+            raise ConfigError("PERFSDK_CUDA_EVENTS=driver: libcuda.so.1 or torch's raw-stream call is not usable "
+                              "here; use 'torch' or 'auto'")
+    return TorchEvents()
+
+
+def _relax_capture_mode() -> None:
+    """Put this (collector) thread in CUDA's *relaxed* stream-capture mode.
+
+    While another thread captures a CUDA graph in the default global mode, "potentially unsafe" calls
+    from any other thread — ``cudaEventQuery`` and ``cudaEventSynchronize`` among them — invalidate the
+    capture. The collector makes exactly those calls, so it opts out, as PyTorch's NCCL watchdog thread
+    does. Through the driver API (one libcuda per process, whichever runtime torch links).
+    """
+    try:
+        import ctypes
+
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        mode = ctypes.c_int(2)  # CU_STREAM_CAPTURE_MODE_RELAXED
+        libcuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+    except Exception:  # no driver library here (a CPU box, another platform): nothing to relax
+        pass
+
+
 class EventPool:
-    """A fixed number of reusable CUDA event pairs.
+    """A bounded number of reusable event pairs of one :class:`EventApi`.
 
     ``acquire()`` is called on the serving thread and ``release()`` on the
     collector; both are single deque operations (thread-safe under the GIL).
-    Events are created lazily up to *capacity* pairs, so an idle Monitor holds
-    none.
+    Pairs are created lazily up to *capacity* (a few up front so that the first
+    steps do not pay for creation).
     """
 
-    def __init__(self, capacity: int, device: Any = None, prefill: int = 16) -> None:
-        import torch
-
+    def __init__(self, api: EventApi, capacity: int, prefill: int = 16) -> None:
         if capacity < 1:
             from perfsdk.errors import ConfigError
 
             raise ConfigError(f"event_pool_size: must be >= 1, got {capacity}")
-        self._torch = torch
-        self._device = device
+        self.api = api
         self.capacity = capacity
         self._free: deque[tuple[Any, Any]] = deque()
         self._created = 0
         self._lock = threading.Lock()
-        # Warm a few pairs now so that the first steps do not pay for creation.
         for _ in range(min(capacity, prefill)):
             self._free.append(self._new_pair())
 
     def _new_pair(self) -> tuple[Any, Any]:
-        ev: Any = self._torch.cuda.Event
+        new = self.api.new
+        pair = (new(), new())
         self._created += 1
-        return ev(enable_timing=True, blocking=True), ev(enable_timing=True, blocking=True)
+        return pair
 
     def acquire(self) -> tuple[Any, Any] | None:
         try:
@@ -158,10 +252,31 @@ class EventPool:
     def release(self, pair: tuple[Any, Any]) -> None:
         self._free.append(pair)
 
+    def reserve(self, pairs: int) -> None:
+        """Create pairs now, up to *pairs* free ones (within the capacity), so no step pays for creation."""
+        with self._lock:
+            while len(self._free) < pairs and self._created < self.capacity:
+                self._free.append(self._new_pair())
+
     def discard(self, pair: tuple[Any, Any]) -> None:
         """Forget a pair that failed (a new one may be created in its place)."""
         with self._lock:
             self._created -= 1
+
+    def close(self) -> None:
+        """Destroy the free pairs and release the API (call once nothing is in flight).
+
+        Later ``acquire()`` calls return None: steps after close are counted, not timed.
+        """
+        with self._lock:
+            self.capacity = 0
+        while self._free:
+            for ev in self._free.popleft():
+                try:
+                    self.api.destroy(ev)
+                except Exception:
+                    pass
+        self.api.close()
 
     @property
     def in_use(self) -> int:

@@ -235,13 +235,13 @@ def test_internal_failures_never_reach_the_server(caplog: pytest.LogCaptureFixtu
         def broken_nvtx(*_: Any) -> None:
             raise RuntimeError("nvtx exploded")
 
-        real_push = mon._nvtx_push
-        mon._nvtx_push = broken_nvtx  # type: ignore[method-assign]
+        real_push, real_on = mon._nvtx_push, mon._nvtx_on
+        mon._nvtx_push, mon._nvtx_on = broken_nvtx, True  # type: ignore[method-assign]
         with caplog.at_level(logging.ERROR, logger="perfsdk"):
             for _ in range(3):
                 with mon.decode(batch=1):
                     ran = True
-        mon._nvtx_push = real_push  # type: ignore[method-assign]
+        mon._nvtx_push, mon._nvtx_on = real_push, real_on  # type: ignore[method-assign]
         assert ran
         assert h.value("perfsdk_internal_errors_total") == 3
         assert sum("nvtx exploded" in r.getMessage() or "internal error" in r.getMessage()
@@ -576,7 +576,27 @@ class _FakeEvent:
         return other.ms
 
 
+class _FakeApi:
+    """The collector's side of perfsdk.timing.EventApi over _FakeEvent."""
+
+    name = "fake"
+
+    def query(self, ev: _FakeEvent) -> bool:
+        return ev.query()
+
+    def wait(self, ev: _FakeEvent) -> None:
+        ev.synchronize()
+
+    def elapsed_s(self, start: _FakeEvent, end: _FakeEvent) -> float:
+        return start.elapsed_time(end) / 1e3
+
+    def thread_setup(self) -> None:
+        pass
+
+
 class _FakePool:
+    api = _FakeApi()
+
     def __init__(self, pairs: list[tuple[_FakeEvent, _FakeEvent]]) -> None:
         self.free = list(pairs)
         self.released: list[Any] = []
@@ -590,6 +610,9 @@ class _FakePool:
 
     def discard(self, pair: Any) -> None:
         self.discarded.append(pair)
+
+    def close(self) -> None:
+        self.free.clear()
 
 
 def _with_fake_pool(h: MonitorHarness, pool: _FakePool) -> None:
@@ -638,6 +661,55 @@ def test_a_failing_cuda_event_is_dropped_not_retried_forever() -> None:
         assert len(pool.discarded) == 1
         assert len(pool.released) == 1
         assert h.value("perfsdk_internal_errors_total") == 1
+
+
+class _StreamApi(_FakeApi):
+    """Events on one stream: a wait completes that event and every one recorded before it."""
+
+    def __init__(self) -> None:
+        self.order: list[_FakeEvent] = []
+        self.done: set[int] = set()
+        self.waits = 0
+
+    def query(self, ev: _FakeEvent) -> bool:
+        return id(ev) in self.done
+
+    def wait(self, ev: _FakeEvent) -> None:
+        self.waits += 1
+        upto = next(i for i, e in enumerate(self.order) if e is ev)
+        self.done.update(id(e) for e in self.order[: upto + 1])
+
+
+def test_the_collector_waits_once_for_a_run_of_queued_steps() -> None:
+    """Five steps queued before the GPU finishes any: one wait (on the newest) resolves all five."""
+    with monitor_harness(model=MODEL, hardware=HW) as h:
+        pairs = [(_FakeEvent(), _FakeEvent(ms=2.0 + i)) for i in range(5)]
+        api = _StreamApi()
+        api.order = [e for pair in pairs for e in pair]
+        pool = _FakePool(pairs)
+        pool.api = api  # type: ignore[assignment]
+        mon = h.monitor
+        assert mon._collector is not None
+        mon._collector.stop(5)  # queue all five before the collector looks at any
+        _with_fake_pool(h, pool)
+        for _ in range(5):
+            with mon.decode(batch=1, context_tokens=10):
+                pass
+        from perfsdk.collector import Collector
+
+        c = Collector(mon, 0.005)
+        mon._collector = c
+        c.start()
+        assert mon.flush(timeout=5)
+        assert api.waits == 1
+        assert h.count(STEP, phase="decode") == 5
+        assert h.sum(STEP, phase="decode") == pytest.approx(sum(2.0 + i for i in range(5)) / 1e3)
+        assert len(pool.released) == 5
+
+
+def test_cuda_events_choice_is_validated() -> None:
+    with pytest.raises(ConfigError, match="cuda_events"):
+        perfsdk.Monitor(registry=CollectorRegistry(), cuda_events="cupy")
 
 
 def test_request_edge_cases() -> None:

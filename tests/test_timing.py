@@ -1,0 +1,84 @@
+"""The event pool and the event-API choice (CPU: the driver path itself runs in benchmarks/overhead.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfsdk.cuda_driver import driver_events
+from perfsdk.errors import ConfigError
+from perfsdk.timing import EventPool, event_api
+
+
+class _CountingApi:
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.destroyed = 0
+        self.closed = False
+
+    def new(self) -> int:
+        self.made += 1
+        return self.made
+
+    def destroy(self, ev: int) -> None:
+        self.destroyed += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_pool_is_bounded_lazy_and_reserve_fills_it() -> None:
+    api = _CountingApi()
+    pool = EventPool(api, capacity=4, prefill=1)  # type: ignore[arg-type]
+    assert api.made == 2  # one pair up front
+    pairs = [pool.acquire() for _ in range(5)]
+    assert pairs[-1] is None  # capacity 4: the fifth is refused, never blocks
+    assert pool.in_use == 4
+    for p in pairs[:4]:
+        assert p is not None
+        pool.release(p)
+    assert pool.in_use == 0
+    pool.reserve(10)  # capped by the capacity
+    assert api.made == 8
+
+
+def test_closed_pool_destroys_free_events_and_times_nothing_more() -> None:
+    api = _CountingApi()
+    pool = EventPool(api, capacity=8, prefill=3)  # type: ignore[arg-type]
+    held = pool.acquire()
+    pool.close()
+    assert api.destroyed == 4  # the two free pairs; the held one is not destroyed under its user
+    assert api.closed
+    assert pool.acquire() is None
+    assert held is not None
+
+
+def test_a_failed_pair_can_be_replaced() -> None:
+    api = _CountingApi()
+    pool = EventPool(api, capacity=1, prefill=1)  # type: ignore[arg-type]
+    pair = pool.acquire()
+    assert pair is not None and pool.acquire() is None
+    pool.discard(pair)
+    assert pool.acquire() is not None
+
+
+def test_pool_size_and_choice_are_validated() -> None:
+    with pytest.raises(ConfigError, match="event_pool_size"):
+        EventPool(_CountingApi(), capacity=0)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="PERFSDK_CUDA_EVENTS"):
+        event_api("cupy")
+
+
+def test_driver_events_are_unavailable_without_a_gpu_driver() -> None:
+    """On a box without libcuda (CI): None, and an explicit 'driver' request says why."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("an NVIDIA driver is installed here")
+    except OSError:
+        pass
+    assert driver_events(0) is None
+    with pytest.raises(ConfigError, match="libcuda"):
+        event_api("driver")
