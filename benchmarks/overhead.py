@@ -139,8 +139,11 @@ class Model(nn.Module):
 
 
 # --------------------------------------------------------------------------- helpers
-def capture_decode_graph(model: Model, tokens: Tensor, pos: Tensor) -> Any:
-    """A CUDA graph of one decode step (warmed up on a side stream first, as torch requires)."""
+def capture_decode_graph(model: Model, tokens: Tensor, pos: Tensor, with_output: bool = False) -> Any:
+    """A CUDA graph of one decode step (warmed up on a side stream first, as torch requires).
+
+    *with_output*: return ``(graph, next_token_ids)``, the graph's static output tensor.
+    """
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -149,8 +152,8 @@ def capture_decode_graph(model: Model, tokens: Tensor, pos: Tensor) -> Any:
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        model.decode(tokens, pos)
-    return g
+        out = model.decode(tokens, pos)
+    return (g, out) if with_output else g
 
 
 def median_ns(fn: Callable[[], object], n: int) -> float:
@@ -258,30 +261,50 @@ def host_costs(spec: ModelSpec, hw: Any, device: str, holder: list[Any]) -> dict
                 pass
         return phase
 
-    variants: list[tuple[str, dict[str, Any]]] = [("", {}), ("_nvtx_auto", {"nvtx": "auto"})]
+    # Monitor settings compared; "" is perfsdk's default (driver events, chained boundaries, NVTX auto)
+    variants: list[tuple[str, dict[str, Any]]] = [("", {"nvtx": "auto"}), ("_nvtx_forced", {})]
     if device == "cuda":
-        variants.append(("_torch_events", {"cuda_events": "torch"}))
+        variants += [("_no_chain", {"nvtx": "auto", "chain_gap_us": 0}),
+                     ("_torch_events", {"nvtx": "auto", "cuda_events": "torch"})]
+    rounds, per_round = 10, 2000
+    mons: dict[str, perfsdk.Monitor] = {}
     for suffix, kw in variants:
         mon = make_monitor(spec, hw, holder, **kw)
-        if not suffix:
+        mons["decode_phase_enter_exit" + suffix] = mon
+        # the same with the collector stopped: the serving thread's own cost, no GIL shared with the
+        # collector; enough events made up front, since nothing returns them while it is stopped
+        quiet = make_monitor(spec, hw, holder, event_pool_size=rounds * per_round + 100, **kw)
+        if quiet._pool is not None:
+            quiet._pool.reserve(2 * (rounds * per_round + 100))
+            if quiet.cuda_events == "torch":  # torch creates an event at its first record: do it now
+                for ev in quiet._pool._free:
+                    ev.record()
+        assert quiet._collector is not None
+        quiet._collector.stop(10)
+        mons["decode_phase_enter_exit_collector_stopped" + suffix] = quiet
+        if suffix == "_nvtx_forced":
             out["nvtx_push_pop"] = median_ns(lambda mon=mon: (mon._nvtx_push("decode", 8), mon._nvtx_pop()), n)
+        if not suffix:
             req = mon.request(prompt_tokens=16)
             out["request_tokens_1"] = median_ns(lambda req=req: req.tokens(1), n)
             req.finish()
-        out["decode_phase_enter_exit" + suffix] = median_ns(enter_exit(mon), n)
-        mon.flush(60)
+    sync(device)
+    # interleaved rounds, so that drift and the host's other tenants hit every variant alike
+    batches: dict[str, list[float]] = {k: [] for k in mons}
+    for _ in range(rounds):
+        for key, mon in mons.items():
+            fn = enter_exit(mon)
+            for _ in range(per_round // 100):
+                t0 = time.perf_counter_ns()
+                for _ in range(100):
+                    fn()
+                batches[key].append((time.perf_counter_ns() - t0) / 100)
+    for key, mon in mons.items():
+        out[key] = statistics.median(batches[key])
+        if "collector_stopped" in key:
+            mon._queue.clear()
+        sync(device)
         mon.close()
-        # the same with the collector stopped: the serving thread's own cost, no GIL shared with the collector
-        quiet = make_monitor(spec, hw, holder, event_pool_size=n + 1000, **kw)
-        if quiet._pool is not None:
-            quiet._pool.reserve(n + 1000)  # nothing returns pairs while the collector is stopped
-        assert quiet._collector is not None
-        quiet._collector.stop(10)
-        out["decode_phase_enter_exit_collector_stopped" + suffix] = median_ns(enter_exit(quiet), n)
-        quiet._queue.clear()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        quiet.close()
     from prometheus_client import CollectorRegistry, Histogram
 
     h = Histogram("x_seconds", "x", ["model"], registry=CollectorRegistry()).labels("m")
@@ -345,21 +368,33 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
                      batches: list[int], reps: int, holder: list[Any]) -> list[dict[str, Any]]:
     results = []
     floor_ns = timer_floor_ns()
-    # (name, Monitor settings, CUDA graph?); the first of each kind is perfsdk's default with NVTX forced on
-    modes: list[tuple[str, dict[str, Any], bool]] = [("eager", {}, False)]
+    # (name, Monitor settings, loop). Every Monitor has Prometheus and the OpenTelemetry SDK on; NVTX is
+    # "auto" (perfsdk's default: ranges only while Nsight is attached, so none here) unless forced.
+    # Loops: "eager"; "graph": CUDA-graph replays back to back, the host running ahead until the launch
+    # queue is full; "graph_synced": each step's token ids copied to the host before the next step, as a
+    # server that samples or streams every step does (host and GPU alternate, host cost adds to the step).
+    auto = {"nvtx": "auto"}
+    modes: list[tuple[str, dict[str, Any], str]] = [("eager", auto, "eager")]
     if device == "cuda":
-        modes += [("cuda_graph", {}, True), ("cuda_graph_nvtx_auto", {"nvtx": "auto"}, True),
-                  ("cuda_graph_torch_events", {"cuda_events": "torch"}, True),
-                  ("cuda_graph_timing_every_4", {"timing_every": 4}, True)]
+        modes += [("cuda_graph", auto, "graph"),
+                  ("cuda_graph_synced", auto, "graph_synced"),
+                  ("cuda_graph_synced_nvtx_forced", {}, "graph_synced"),
+                  ("cuda_graph_synced_no_chain", {**auto, "chain_gap_us": 0}, "graph_synced"),
+                  ("cuda_graph_timing_every_4", {**auto, "timing_every": 4}, "graph")]
     for batch in batches:
         tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
         pos = torch.tensor([ctx - 1], device=device)
-        g = capture_decode_graph(model, tokens, pos) if device == "cuda" else None
-        for mode, kw, graph in modes:
-            if graph:
+        g, g_out = capture_decode_graph(model, tokens, pos, with_output=True) if device == "cuda" else (None, None)
+        for mode, kw, loop in modes:
+            if loop == "graph":
                 def step(g: Any = g) -> None:
                     g.replay()
                 steps = 1500 if batch == 1 else 800
+            elif loop == "graph_synced":
+                def step(g: Any = g, g_out: Any = g_out) -> None:
+                    g.replay()
+                    g_out.cpu()  # the serving loop reads the sampled ids: one D2H copy + sync per step
+                steps = 1000 if batch == 1 else 800
             else:
                 def step(tokens: Tensor = tokens, pos: Tensor = pos) -> None:
                     model.decode(tokens, pos)
@@ -377,12 +412,13 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
                     if not instrumented:
                         bare.append(step_loop(None, step, steps, batch, ctx, device))
                         continue
-                    if device == "cuda":
+                    checked = device == "cuda" and loop != "graph_synced"  # that loop syncs on purpose
+                    if checked:
                         torch.cuda.set_sync_debug_mode("error")
                     try:
                         inst.append(step_loop(mon, step, steps, batch, ctx, device))
                     finally:
-                        if device == "cuda":
+                        if checked:
                             torch.cuda.set_sync_debug_mode(0)
             mon.flush(120)
             st = mon.stats()["decode"]
@@ -402,7 +438,9 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
                 "serving_thread_cpu_us_per_step_bare": med(bare, "serving_thread_cpu_us"),
                 "serving_thread_cpu_us_per_step_instrumented": med(inst, "serving_thread_cpu_us"),
                 "collector_cpu_us_per_step": med(inst, "collector_cpu_us"),
-                "zero_syncs_under_sync_debug_error": True,  # the loop above would have raised otherwise
+                "loop": loop, "chain_gap_us": mon._chain_gap_ns / 1e3,
+                # the loop would have raised otherwise; the synced loop syncs by design and is not checked
+                "zero_syncs_under_sync_debug_error": True if loop != "graph_synced" else None,
                 "perfsdk_decode_steps": st["steps"], "perfsdk_step_ms_p50": st["step_ms_p50"],
                 "perfsdk_mbu_mean": st["mbu_mean"], "dropped": mon.stats()["dropped_records"],
                 "untimed_pool_empty": mon.stats()["untimed_steps_event_pool_empty"],

@@ -129,6 +129,7 @@ class Collector(threading.Thread):
                 elif self._pending:
                     self._resolve_pending(block=True)
                 else:
+                    self._release_orphans()
                     self._export_counters()
                     self._export_health()
                     if self._stop_flag:
@@ -184,7 +185,7 @@ class Collector(threading.Thread):
         api = pool.api
         while pending:
             rec = pending[0]
-            start, end = rec[4]
+            start, end, drops = rec[4]
             seconds: float | None
             try:
                 if not api.query(end):
@@ -199,17 +200,31 @@ class Collector(threading.Thread):
                         continue
                     api.wait(end)  # blocking-sync event: sleeps in the driver, GIL released
                 seconds = api.elapsed_s(start, end)
-                pool.release(rec[4])
+                pool.release(start)
             except Exception as e:
-                # a CUDA error (sticky after a fault, say): this pair is unusable; drop it rather than
-                # retrying it forever, and keep the step as counted but untimed
+                # a CUDA error (sticky after a fault, say): this start is unusable; drop it rather than
+                # retrying it forever, and keep the step as counted but untimed. (The end event stays the
+                # serving thread's until a later step lets go of it.)
                 self._mon._errors.record(e, "collector event")
                 seconds = None
-                pool.discard(rec[4])
+                pool.discard(start)
+            # previous steps' ends that this step did not start from: those steps were read before it
+            for ev in drops:
+                pool.release(ev)
             pending.popleft()
             self._step(rec, seconds)
             if not all_ and self._queue:
                 return  # go back to draining new records
+
+    def _release_orphans(self) -> None:
+        """Give back the events of dropped steps, once every step queued before them has been read."""
+        orphans = self._mon._orphans
+        n = len(orphans)  # counted first: any of these was queued before the emptiness checks below
+        if not n or self._queue or self._pending or self._mon._pool is None:
+            return
+        release = self._mon._pool.release
+        for _ in range(n):
+            release(orphans.popleft())
 
     # ---- records ----------------------------------------------------------
     def _step(self, rec: tuple[Any, ...], seconds: float | None) -> None:

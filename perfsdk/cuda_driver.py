@@ -145,8 +145,25 @@ class DriverEvents:
             self._destroy(ev)
             self._live -= 1
 
+    def make_stream(self) -> Callable[[], int]:
+        """``() -> handle`` of the calling thread's current stream (one C call, no ``Stream`` object)."""
+        import functools
+
+        return functools.partial(self._raw_stream, self._device)
+
+    def make_record_on(self) -> Callable[[int, int], int]:
+        """``record_on(event, stream_handle) -> CUresult``: the bare ctypes function (0 is success).
+
+        The hot path checks the result itself (``raise_for``), which spares a Python frame per record.
+        """
+        return self._record_fn  # type: ignore[no-any-return]
+
+    def raise_for(self, code: int) -> None:
+        """Raise :class:`CudaDriverError` for a failed record's result code."""
+        self._check("cuEventRecord", code)
+
     def make_record(self) -> Callable[[int], None]:
-        """The hot-path record: ``record(event)`` on the calling thread's current stream."""
+        """``record(event)`` on the calling thread's current stream (benchmarks; the Monitor uses the two above)."""
         record_fn, raw, device = self._record_fn, self._raw_stream, self._device
         check = self._check
 

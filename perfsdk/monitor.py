@@ -91,6 +91,24 @@ _SKIPPED = -1  # a Phase entry that records nothing (inside CUDA-graph capture, 
 _TRUE = ("1", "true", "yes", "on")
 
 
+class _ThreadSteps(threading.local):
+    """Per serving thread: the last timed step's (end event, stream handle, host end time), or None."""
+
+    last: tuple[Any, int, int] | None = None
+
+
+def _no_stream() -> int:
+    return 0
+
+
+def _no_record_on(event: Any, stream: int) -> None:
+    return None
+
+
+def _no_raise(code: int) -> None:
+    return None
+
+
 def _env(name: str) -> str | None:
     v = os.environ.get(name)
     return v if v not in (None, "") else None
@@ -275,7 +293,7 @@ class Phase:
             if self._outer is None:
                 self._outer = []
             self._outer.append((self._t0, self._ev))
-            self._ev = None  # the outer entry's pair is not this entry's to give back
+            self._ev = None  # the outer entry's events are not this entry's to give back
         try:
             if mon._capturing():
                 self._t0 = _SKIPPED  # capture/trace time: the work is not really running now
@@ -284,22 +302,16 @@ class Phase:
             if w is not None and w.hot:
                 w.step_begin(self._phase)
             pool = mon._pool
-            if pool is not None:
+            if pool is None:
+                self._t0 = mon._clock()
+            else:
                 mon._tick += 1
-                if mon._tick >= mon._timing_every:
-                    mon._tick = 0
-                    ev = pool.acquire()
-                    if ev is None:
-                        # every pair is in flight: count the step, do not time it (a host interval
-                        # around an asynchronous launch would pass for device time)
-                        mon._untimed_pool_empty += 1
-                        self._ev = False
-                    else:
-                        self._ev = ev
-                        mon._record(ev[0])
-                else:
+                if mon._tick < mon._timing_every:
                     self._ev = False  # not sampled: counted, not timed
-            self._t0 = mon._clock()
+                    self._t0 = mon._clock()
+                else:
+                    mon._tick = 0
+                    self._t0 = self._begin_timed(mon, pool)
             if mon._nvtx_on:  # last, so that a failure above leaves no range open
                 mon._nvtx_push(self._phase, self._batch)
         except Exception as e:
@@ -307,11 +319,50 @@ class Phase:
             self._abandon(mon)
         return self
 
+    def _begin_timed(self, mon: Monitor, pool: Any) -> int:
+        """Take this step's events and record its start; returns the host start time.
+
+        A step that starts on the same stream within ``chain_gap_us`` of the previous step's end (on
+        this thread) starts at that end event: one record instead of two. Otherwise a fresh start event
+        is recorded, and the previous end, no longer needed as a start, is handed to the collector to
+        give back once the step that ended with it is read.
+        """
+        end = pool.acquire()
+        if end is None:
+            # every event is in flight: count the step, do not time it (a host interval around an
+            # asynchronous launch would pass for device time)
+            mon._untimed_pool_empty += 1
+            self._ev = False
+            return mon._clock()
+        stream = mon._stream()
+        local = mon._local
+        last = local.last
+        now = mon._clock()
+        if last is not None and last[1] == stream and now - last[2] < mon._chain_gap_ns:
+            local.last = None
+            self._ev = (last[0], end, ())
+            return now
+        start = pool.acquire()
+        if start is None:
+            pool.release(end)  # never recorded: nobody else knows it
+            mon._untimed_pool_empty += 1
+            self._ev = False
+            return now
+        if last is not None:
+            local.last = None
+            self._ev = (start, end, (last[0],))
+        else:
+            self._ev = (start, end, ())
+        r = mon._record_on(start, stream)
+        if r:
+            mon._raise_for(r)
+        return now
+
     def _abandon(self, mon: Monitor) -> None:
-        """After an internal error: give the event pair back and record nothing for this entry."""
+        """After an internal error: give the events back and record nothing for this entry."""
         ev, self._ev, self._t0 = self._ev, None, _SKIPPED
-        if ev and mon._pool is not None:
-            mon._pool.release(ev)
+        if ev:
+            mon._give_back(ev)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         mon = self._mon
@@ -328,15 +379,25 @@ class Phase:
             if mon._nvtx_on:  # first: the range closes even if what follows fails
                 mon._nvtx_pop()
             if ev:
+                stream = mon._stream()
                 try:
-                    mon._record(ev[1])
+                    r = mon._record_on(ev[1], stream)
+                    if r:
+                        mon._raise_for(r)
                 except Exception:
-                    if mon._pool is not None:
-                        mon._pool.release(ev)  # never pushed: back to the pool, not leaked
+                    mon._give_back(ev)
                     raise
-            t1 = mon._clock()
-            mon._push((STEP, self._phase, t0, t1, ev, self._batch, self._tokens, self._ctx, self._seq_lens,
-                       None if exc_type is None else exc_type.__qualname__))
+                t1 = mon._clock()
+                local = mon._local
+                inner = local.last  # a nested step's end on this thread: given back after this step is read
+                local.last = (ev[1], stream, t1)
+                if inner is not None:
+                    ev = (ev[0], ev[1], (*ev[2], inner[0]))
+            else:
+                t1 = mon._clock()
+            if not mon._push((STEP, self._phase, t0, t1, ev, self._batch, self._tokens, self._ctx, self._seq_lens,
+                              None if exc_type is None else exc_type.__qualname__)) and ev:
+                mon._orphans.extend((ev[0], *ev[2]))  # dropped: the collector gives these back when idle
             w = mon._window
             if w is not None and w.hot:
                 w.step_end(self._phase)
@@ -395,7 +456,12 @@ class Monitor:
             libcuda, the cheapest record, else torch's), ``"driver"``, ``"torch"`` (``torch.cuda.Event``).
         operation: GenAI operation name of request spans (``"chat"``, ``"text_completion"``, …).
         queue_size: records the collector may lag behind before dropping (never blocking).
-        event_pool_size: CUDA event pairs in flight at most.
+        event_pool_size: timed steps in flight at most (two CUDA events each); beyond, steps are counted
+            but not timed.
+        chain_gap_us: a step entered within this many µs of the previous step's exit, on the same thread
+            and stream, starts at the previous step's end event (one event record per step instead of two,
+            which is most of the hot path's cost). Its device time then also covers any GPU work queued
+            in that gap, as a whole decode iteration's would. ``0``: two events per step, always.
         timing_every: time every N-th step with CUDA events (default 1: all). The others still count as
             steps and tokens, but not in step time, MBU/MFU or the byte and FLOP counters (so that
             bytes / step seconds stays exact in PromQL): recording two events is much of the hot path's
@@ -425,6 +491,7 @@ class Monitor:
         operation: str = "text_completion",
         queue_size: int | None = None,
         event_pool_size: int = 1024,
+        chain_gap_us: float = 10.0,
         timing_every: int = 1,
         step_span_rate: float | None = None,
         compute_dtype: str | None = None,
@@ -486,9 +553,21 @@ class Monitor:
         events = (cuda_events or _env("PERFSDK_CUDA_EVENTS") or "auto").lower()
         if events not in ("auto", "driver", "torch"):
             raise ConfigError(f"cuda_events: expected 'auto', 'driver' or 'torch', got {events!r}")
-        self._pool = _timing.EventPool(_timing.event_api(events), event_pool_size) if use_cuda else None
+        if type(event_pool_size) is not int or event_pool_size < 1:
+            raise ConfigError(f"event_pool_size: must be an integer >= 1, got {event_pool_size!r}")
+        if not isinstance(chain_gap_us, (int, float)) or not 0 <= chain_gap_us <= 10_000:
+            raise ConfigError(f"chain_gap_us: expected microseconds within [0, 10000], got {chain_gap_us!r}")
+        self._chain_gap_ns = int(chain_gap_us * 1000)
+        self._pool = _timing.EventPool(_timing.event_api(events), 2 * event_pool_size) if use_cuda else None
         self.cuda_events = self._pool.api.name if self._pool is not None else None
-        self._record: Callable[[Any], None] = self._pool.api.make_record() if self._pool else _timing.no_record
+        self._local = _ThreadSteps()
+        self._orphans: deque[Any] = deque()  # events of dropped steps, given back when the collector is idle
+        self._stream: Callable[[], int] = _no_stream
+        self._record_on: Callable[[Any, int], Any] = _no_record_on
+        self._raise_for: Callable[[int], None] = _no_raise
+        if self._pool is not None:
+            api = self._pool.api
+            self._stream, self._record_on, self._raise_for = api.make_stream(), api.make_record_on(), api.raise_for
         self._capturing = _timing.capture_check(use_cuda) if self._enabled else _timing._never
         nvtx_choice = _env_bool("PERFSDK_NVTX", "auto") if nvtx is None else nvtx
         nv = make_nvtx(nvtx_choice if self._enabled else False)
@@ -583,12 +662,29 @@ class Monitor:
                         "FLOPs are left out of MBU/MFU", self.model.name or "(unnamed)")
 
     # ---- hot path ------------------------------------------------------
-    def _push(self, record: tuple[Any, ...]) -> None:
+    def _push(self, record: tuple[Any, ...]) -> bool:
         q = self._queue
         if len(q) >= self._queue_cap:
             self._dropped += 1  # exported by the collector; the server never waits
-            return
+            return False
         q.append(record)
+        return True
+
+    def _give_back(self, ev: tuple[Any, Any, tuple[Any, ...]]) -> None:
+        """Events of a step that will not be pushed (an internal error): none may be reused too early.
+
+        The end was never recorded as far as anyone else knows: straight back to the pool. The start
+        may be the previous step's end, and the others are previous ends, which a step still waiting
+        in the queue may need: the collector gives those back once it has caught up.
+        """
+        pool = self._pool
+        if pool is None:
+            return
+        try:
+            pool.release(ev[1])
+            self._orphans.extend((ev[0], *ev[2]))
+        except Exception:
+            pass
 
     def request(self, prompt_tokens: int = 0, *, operation: str | None = None, request_id: str | None = None,
                 arrival_ns: int | None = None) -> Request:

@@ -129,6 +129,9 @@ class EventApi(Protocol):
     def new(self) -> Any: ...
     def destroy(self, ev: Any) -> None: ...
     def make_record(self) -> Callable[[Any], None]: ...
+    def make_stream(self) -> Callable[[], int]: ...
+    def make_record_on(self) -> Callable[[Any, int], Any]: ...
+    def raise_for(self, code: int) -> None: ...
     def query(self, ev: Any) -> bool: ...
     def wait(self, ev: Any) -> None: ...
     def elapsed_s(self, start: Any, end: Any) -> float: ...
@@ -154,6 +157,35 @@ class TorchEvents:
 
     def make_record(self) -> Callable[[Any], None]:
         return make_recorder()
+
+    def make_stream(self) -> Callable[[], int]:
+        """``() -> handle`` of the calling thread's current stream."""
+        import functools
+
+        import torch
+
+        raw = torch._C._cuda_getCurrentRawStream
+        return functools.partial(raw, torch.cuda.current_device())
+
+    def make_record_on(self) -> Callable[[Any, int], Any]:
+        """``record_on(event, stream_handle)``; returns None (raises on a CUDA error)."""
+        import torch
+
+        device = torch.cuda.current_device()
+        streams: dict[int, Any] = {}
+        current_stream = torch.cuda.current_stream
+        base_record: Any = torch._C._CudaEventBase.record
+
+        def record_on(event: Any, handle: int) -> None:
+            stream = streams.get(handle)
+            if stream is None:
+                stream = streams[handle] = current_stream(device)
+            base_record(event, stream)
+
+        return record_on
+
+    def raise_for(self, code: int) -> None:
+        raise RuntimeError(f"CUDA event record failed ({code})")  # not reached: torch raises itself
 
     def query(self, ev: Any) -> bool:
         return bool(ev.query())
@@ -190,7 +222,16 @@ def event_api(choice: str | None = None) -> EventApi:
         if choice == "driver":
             raise ConfigError("PERFSDK_CUDA_EVENTS=driver: libcuda.so.1 or torch's raw-stream call is not usable "
                               "here; use 'torch' or 'auto'")
+    if not _torch_raw_stream_calls():
+        raise ConfigError("CUDA event timing needs torch._C._cuda_getCurrentRawStream and _CudaEventBase "
+                          "(torch >= 2.1); use timing='host'")
     return TorchEvents()
+
+
+def _torch_raw_stream_calls() -> bool:
+    import torch
+
+    return hasattr(torch._C, "_cuda_getCurrentRawStream") and hasattr(torch._C, "_CudaEventBase")
 
 
 def _relax_capture_mode() -> None:
@@ -212,70 +253,74 @@ def _relax_capture_mode() -> None:
 
 
 class EventPool:
-    """A bounded number of reusable event pairs of one :class:`EventApi`.
+    """A bounded number of reusable events of one :class:`EventApi`.
 
     ``acquire()`` is called on the serving thread and ``release()`` on the
     collector; both are single deque operations (thread-safe under the GIL).
-    Pairs are created lazily up to *capacity* (a few up front so that the first
-    steps do not pay for creation).
+    Events are created lazily up to *capacity* (a few up front so that the
+    first steps do not pay for creation). A timed step holds two events, or
+    one when it shares its start with the previous step's end.
     """
 
-    def __init__(self, api: EventApi, capacity: int, prefill: int = 16) -> None:
-        if capacity < 1:
+    def __init__(self, api: EventApi, capacity: int, prefill: int = 32) -> None:
+        if type(capacity) is not int or capacity < 2:
             from perfsdk.errors import ConfigError
 
-            raise ConfigError(f"event_pool_size: must be >= 1, got {capacity}")
+            raise ConfigError(f"event pool: must hold at least 2 events (one step), got {capacity!r}")
         self.api = api
         self.capacity = capacity
-        self._free: deque[tuple[Any, Any]] = deque()
+        self._free: deque[Any] = deque()
+        self._all: list[Any] = []
         self._created = 0
         self._lock = threading.Lock()
         for _ in range(min(capacity, prefill)):
-            self._free.append(self._new_pair())
+            self._free.append(self._new())
 
-    def _new_pair(self) -> tuple[Any, Any]:
-        new = self.api.new
-        pair = (new(), new())
+    def _new(self) -> Any:
+        ev = self.api.new()
         self._created += 1
-        return pair
+        self._all.append(ev)
+        return ev
 
-    def acquire(self) -> tuple[Any, Any] | None:
+    def acquire(self) -> Any:
+        """A free event, or None when *capacity* are in flight (never blocks)."""
         try:
             return self._free.popleft()
         except IndexError:
             pass
         with self._lock:
             if self._created < self.capacity:
-                return self._new_pair()
+                return self._new()
         return None
 
-    def release(self, pair: tuple[Any, Any]) -> None:
-        self._free.append(pair)
+    def release(self, ev: Any) -> None:
+        self._free.append(ev)
 
-    def reserve(self, pairs: int) -> None:
-        """Create pairs now, up to *pairs* free ones (within the capacity), so no step pays for creation."""
+    def reserve(self, events: int) -> None:
+        """Create events now, up to *events* free ones (within the capacity), so no step pays for creation."""
         with self._lock:
-            while len(self._free) < pairs and self._created < self.capacity:
-                self._free.append(self._new_pair())
+            while len(self._free) < events and self._created < self.capacity:
+                self._free.append(self._new())
 
-    def discard(self, pair: tuple[Any, Any]) -> None:
-        """Forget a pair that failed (a new one may be created in its place)."""
+    def discard(self, ev: Any) -> None:
+        """Forget an event that failed (a new one may be created in its place)."""
         with self._lock:
             self._created -= 1
 
     def close(self) -> None:
-        """Destroy the free pairs and release the API (call once nothing is in flight).
+        """Destroy every event and release the API (call once nothing is in flight).
 
         Later ``acquire()`` calls return None: steps after close are counted, not timed.
         """
         with self._lock:
             self.capacity = 0
-        while self._free:
-            for ev in self._free.popleft():
-                try:
-                    self.api.destroy(ev)
-                except Exception:
-                    pass
+            self._free.clear()
+            events, self._all = self._all, []
+        for ev in events:
+            try:
+                self.api.destroy(ev)
+            except Exception:
+                pass
         self.api.close()
 
     @property

@@ -558,158 +558,17 @@ def test_timing_every_is_validated() -> None:
         perfsdk.Monitor(registry=CollectorRegistry(), timing_every=0)
 
 
-class _FakeEvent:
-    """Stands in for torch.cuda.Event on a CPU box: the collector's calls, with scripted results."""
-
-    def __init__(self, ms: float = 2.0, fail: bool = False) -> None:
-        self.ms, self.fail = ms, fail
-
-    def query(self) -> bool:
-        if self.fail:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, other: _FakeEvent) -> float:
-        return other.ms
-
-
-class _FakeApi:
-    """The collector's side of perfsdk.timing.EventApi over _FakeEvent."""
-
-    name = "fake"
-
-    def query(self, ev: _FakeEvent) -> bool:
-        return ev.query()
-
-    def wait(self, ev: _FakeEvent) -> None:
-        ev.synchronize()
-
-    def elapsed_s(self, start: _FakeEvent, end: _FakeEvent) -> float:
-        return start.elapsed_time(end) / 1e3
-
-    def thread_setup(self) -> None:
-        pass
-
-
-class _FakePool:
-    api = _FakeApi()
-
-    def __init__(self, pairs: list[tuple[_FakeEvent, _FakeEvent]]) -> None:
-        self.free = list(pairs)
-        self.released: list[Any] = []
-        self.discarded: list[Any] = []
-
-    def acquire(self) -> tuple[_FakeEvent, _FakeEvent] | None:
-        return self.free.pop(0) if self.free else None
-
-    def release(self, pair: Any) -> None:
-        self.released.append(pair)
-
-    def discard(self, pair: Any) -> None:
-        self.discarded.append(pair)
-
-    def close(self) -> None:
-        self.free.clear()
-
-
-def _with_fake_pool(h: MonitorHarness, pool: _FakePool) -> None:
-    h.monitor._pool = pool  # type: ignore[assignment]
-    h.monitor._record = lambda ev: None
-
-
-def test_event_times_are_device_times_and_pairs_go_back_once() -> None:
-    with monitor_harness(model=MODEL, hardware=HW) as h:
-        pool = _FakePool([(_FakeEvent(), _FakeEvent(ms=4.0)) for _ in range(3)])
-        _with_fake_pool(h, pool)
-        for _ in range(3):
-            with h.monitor.decode(batch=1, context_tokens=10):
-                pass
-        assert h.sum(STEP, phase="decode") == pytest.approx(3 * 0.004)
-        assert len(pool.released) == 3
-        assert len({id(p) for p in pool.released}) == 3
-
-
-def test_an_empty_event_pool_counts_the_step_without_timing_it() -> None:
-    with monitor_harness(model=MODEL, hardware=HW) as h:
-        pool = _FakePool([(_FakeEvent(), _FakeEvent(ms=4.0))])
-        _with_fake_pool(h, pool)
-        for _ in range(3):
-            with h.monitor.decode(batch=1, context_tokens=10):
-                pass
-        # one timed step; two counted only (a host interval around a launch is not device time)
-        assert h.count(STEP, phase="decode") == 1
-        assert h.count(MBU, phase="decode") == 1
-        assert h.value("perfsdk_step_tokens_total", phase="decode") == 3
-        stats = h.monitor.stats()
-        assert stats["decode"]["steps"] == 3
-        assert stats["untimed_steps_event_pool_empty"] == 2
-
-
-def test_a_failing_cuda_event_is_dropped_not_retried_forever() -> None:
-    with monitor_harness(model=MODEL, hardware=HW) as h:
-        pool = _FakePool([(_FakeEvent(fail=True), _FakeEvent(fail=True)), (_FakeEvent(), _FakeEvent(ms=3.0))])
-        _with_fake_pool(h, pool)
-        for _ in range(2):
-            with h.monitor.decode(batch=1, context_tokens=10):
-                pass
-        assert h.monitor.flush(timeout=5)
-        assert h.count(STEP, phase="decode") == 1  # the healthy step
-        assert h.monitor.stats()["decode"]["steps"] == 2
-        assert len(pool.discarded) == 1
-        assert len(pool.released) == 1
-        assert h.value("perfsdk_internal_errors_total") == 1
-
-
-class _StreamApi(_FakeApi):
-    """Events on one stream: a wait completes that event and every one recorded before it."""
-
-    def __init__(self) -> None:
-        self.order: list[_FakeEvent] = []
-        self.done: set[int] = set()
-        self.waits = 0
-
-    def query(self, ev: _FakeEvent) -> bool:
-        return id(ev) in self.done
-
-    def wait(self, ev: _FakeEvent) -> None:
-        self.waits += 1
-        upto = next(i for i, e in enumerate(self.order) if e is ev)
-        self.done.update(id(e) for e in self.order[: upto + 1])
-
-
-def test_the_collector_waits_once_for_a_run_of_queued_steps() -> None:
-    """Five steps queued before the GPU finishes any: one wait (on the newest) resolves all five."""
-    with monitor_harness(model=MODEL, hardware=HW) as h:
-        pairs = [(_FakeEvent(), _FakeEvent(ms=2.0 + i)) for i in range(5)]
-        api = _StreamApi()
-        api.order = [e for pair in pairs for e in pair]
-        pool = _FakePool(pairs)
-        pool.api = api  # type: ignore[assignment]
-        mon = h.monitor
-        assert mon._collector is not None
-        mon._collector.stop(5)  # queue all five before the collector looks at any
-        _with_fake_pool(h, pool)
-        for _ in range(5):
-            with mon.decode(batch=1, context_tokens=10):
-                pass
-        from perfsdk.collector import Collector
-
-        c = Collector(mon, 0.005)
-        mon._collector = c
-        c.start()
-        assert mon.flush(timeout=5)
-        assert api.waits == 1
-        assert h.count(STEP, phase="decode") == 5
-        assert h.sum(STEP, phase="decode") == pytest.approx(sum(2.0 + i for i in range(5)) / 1e3)
-        assert len(pool.released) == 5
-
-
 def test_cuda_events_choice_is_validated() -> None:
     with pytest.raises(ConfigError, match="cuda_events"):
         perfsdk.Monitor(registry=CollectorRegistry(), cuda_events="cupy")
+
+
+@pytest.mark.parametrize(("kw", "field"), [({"chain_gap_us": -1}, "chain_gap_us"),
+                                           ({"chain_gap_us": "10"}, "chain_gap_us"),
+                                           ({"event_pool_size": 0}, "event_pool_size")])
+def test_event_settings_are_validated(kw: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        perfsdk.Monitor(registry=CollectorRegistry(), **kw)
 
 
 def test_request_edge_cases() -> None:

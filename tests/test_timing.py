@@ -31,41 +31,42 @@ class _CountingApi:
 def test_pool_is_bounded_lazy_and_reserve_fills_it() -> None:
     api = _CountingApi()
     pool = EventPool(api, capacity=4, prefill=1)  # type: ignore[arg-type]
-    assert api.made == 2  # one pair up front
-    pairs = [pool.acquire() for _ in range(5)]
-    assert pairs[-1] is None  # capacity 4: the fifth is refused, never blocks
+    assert api.made == 1  # one up front
+    evs = [pool.acquire() for _ in range(5)]
+    assert evs[-1] is None  # capacity 4: the fifth is refused, never blocks
     assert pool.in_use == 4
-    for p in pairs[:4]:
-        assert p is not None
-        pool.release(p)
+    for ev in evs[:4]:
+        pool.release(ev)
     assert pool.in_use == 0
-    pool.reserve(10)  # capped by the capacity
-    assert api.made == 8
+    assert api.made == 4
+    pool2 = EventPool(_CountingApi(), capacity=6, prefill=0)  # type: ignore[arg-type]
+    pool2.reserve(10)  # capped by the capacity
+    assert pool2.in_use == 0 and len(pool2._free) == 6
 
 
-def test_closed_pool_destroys_free_events_and_times_nothing_more() -> None:
+def test_closed_pool_destroys_every_event_and_times_nothing_more() -> None:
     api = _CountingApi()
     pool = EventPool(api, capacity=8, prefill=3)  # type: ignore[arg-type]
     held = pool.acquire()
     pool.close()
-    assert api.destroyed == 4  # the two free pairs; the held one is not destroyed under its user
+    assert api.destroyed == 3  # the held one too: close() comes after everything in flight is read
     assert api.closed
     assert pool.acquire() is None
     assert held is not None
 
 
-def test_a_failed_pair_can_be_replaced() -> None:
+def test_a_failed_event_can_be_replaced() -> None:
     api = _CountingApi()
-    pool = EventPool(api, capacity=1, prefill=1)  # type: ignore[arg-type]
-    pair = pool.acquire()
-    assert pair is not None and pool.acquire() is None
-    pool.discard(pair)
+    pool = EventPool(api, capacity=2, prefill=2)  # type: ignore[arg-type]
+    a, b = pool.acquire(), pool.acquire()
+    assert a is not None and b is not None and pool.acquire() is None
+    pool.discard(a)
     assert pool.acquire() is not None
 
 
 def test_pool_size_and_choice_are_validated() -> None:
-    with pytest.raises(ConfigError, match="event_pool_size"):
-        EventPool(_CountingApi(), capacity=0)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="at least 2 events"):
+        EventPool(_CountingApi(), capacity=1)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="PERFSDK_CUDA_EVENTS"):
         event_api("cupy")
 

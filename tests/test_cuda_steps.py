@@ -1,0 +1,297 @@
+"""How timed steps use CUDA events, on a CPU box: a scripted GPU stands in for the device.
+
+The real driver path runs on an H200 in ``benchmarks/overhead.py``; here the Monitor's hot path and
+the collector run for real against :class:`FakeGpu`, whose events take the GPU clock of the moment
+they are recorded. What is checked: device times come from the events, a step that follows the
+previous one closely shares its boundary event (one record per step), every event goes back to the
+pool exactly when nothing can still read it, and failures and overflow lose none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from perfsdk import budget
+from perfsdk.hardware import HardwareSpec
+from perfsdk.model import ModelSpec
+from perfsdk.testing import FakeClock, MonitorHarness, monitor_harness
+from perfsdk.timing import EventPool
+
+MODEL = ModelSpec.named("llama-3-8b")
+HW = HardwareSpec(name="test-gpu", memory_bandwidth=4.8e12, flops={"bf16": 1e15})
+STEP = "perfsdk_step_seconds"
+
+
+class Ev:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.t_ms: float | None = None  # GPU clock when recorded
+        self.stream: int | None = None
+
+    def __repr__(self) -> str:
+        return f"Ev{self.n}"
+
+
+class FakeGpu:
+    """perfsdk.timing.EventApi over Ev: records take the GPU clock, which the test moves."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.now_ms = 0.0
+        self.stream = 7
+        self.made = 0
+        self.records = 0
+        self.waits = 0
+        self.fail_record_after: int | None = None
+        self.fail_elapsed: set[int] = set()
+
+    # serving-thread side
+    def new(self) -> Ev:
+        self.made += 1
+        return Ev(self.made)
+
+    def destroy(self, ev: Ev) -> None:
+        pass
+
+    def make_stream(self) -> Any:
+        return lambda: self.stream
+
+    def make_record_on(self) -> Any:
+        def record_on(ev: Ev, stream: int) -> int:
+            if self.fail_record_after is not None and self.records >= self.fail_record_after:
+                return 700  # CUDA_ERROR_ILLEGAL_ADDRESS
+            self.records += 1
+            ev.t_ms, ev.stream = self.now_ms, stream
+            return 0
+        return record_on
+
+    def raise_for(self, code: int) -> None:
+        raise RuntimeError(f"cuEventRecord failed ({code})")
+
+    # collector side
+    def query(self, ev: Ev) -> bool:
+        return True
+
+    def wait(self, ev: Ev) -> None:
+        self.waits += 1
+
+    def elapsed_s(self, start: Ev, end: Ev) -> float:
+        if start.n in self.fail_elapsed:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        assert start.t_ms is not None and end.t_ms is not None
+        return (end.t_ms - start.t_ms) / 1e3
+
+    def thread_setup(self) -> None:
+        pass
+
+    def make_record(self) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def wire(h: MonitorHarness, gpu: FakeGpu, capacity: int = 64, chain_gap_us: float = 10.0) -> EventPool:
+    """Give the harness's Monitor the CUDA path, over *gpu*, as Monitor(timing='cuda') would."""
+    mon = h.monitor
+    pool = EventPool(gpu, capacity, prefill=0)  # type: ignore[arg-type]
+    mon._pool = pool
+    mon._stream, mon._record_on, mon._raise_for = gpu.make_stream(), gpu.make_record_on(), gpu.raise_for
+    mon._chain_gap_ns = int(chain_gap_us * 1000)
+    return pool
+
+
+def steps(h: MonitorHarness, gpu: FakeGpu, clock: FakeClock, gpu_ms: list[float], host_gap_s: float = 0.0) -> None:
+    """Run decode steps whose device work takes *gpu_ms* each, *host_gap_s* apart on the host."""
+    for ms in gpu_ms:
+        with h.monitor.decode(batch=1, context_tokens=10):
+            gpu.now_ms += ms
+        clock.advance(host_gap_s)
+
+
+def test_back_to_back_steps_share_boundary_events() -> None:
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = FakeGpu()
+        pool = wire(h, gpu)
+        steps(h, gpu, clock, [2.0, 3.0, 4.0, 5.0])
+        assert h.monitor.flush(5)
+        assert gpu.records == 5  # one start, then one end per step
+        assert h.count(STEP, phase="decode") == 4
+        assert h.sum(STEP, phase="decode") == pytest.approx(0.014)
+        # only the last step's end is still held (the next step may start from it)
+        assert pool.in_use == 1
+        assert h.monitor.stats()["decode"]["mbu_mean"] == pytest.approx(
+            sum(budget.decode_step_bytes(MODEL, 10) / (ms / 1e3 * 4.8e12) for ms in (2, 3, 4, 5)) / 4)
+
+
+def test_gpu_work_queued_between_chained_steps_counts_in_the_later_step() -> None:
+    """The documented cost of sharing a boundary: the gap's GPU work lands in the next step."""
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = FakeGpu()
+        wire(h, gpu)
+        steps(h, gpu, clock, [2.0])
+        gpu.now_ms += 0.5  # e.g. a sampling kernel launched between the steps, within the gap
+        steps(h, gpu, clock, [2.0])
+        assert h.monitor.flush(5)
+        assert sorted(h.monitor._collector._stats["decode"].seconds) == pytest.approx([0.002, 0.0025])  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("why", ["host gap", "chaining off", "other stream"])
+def test_steps_that_do_not_follow_closely_get_their_own_start(why: str) -> None:
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = FakeGpu()
+        pool = wire(h, gpu, chain_gap_us=0.0 if why == "chaining off" else 10.0)
+        for _ in range(4):
+            with h.monitor.decode(batch=1, context_tokens=10):
+                gpu.now_ms += 2.0
+            gpu.now_ms += 0.5  # GPU work between steps: not in any step when each has its own start
+            if why == "host gap":
+                clock.advance(20e-6)
+            if why == "other stream":
+                gpu.stream += 1
+        assert h.monitor.flush(5)
+        assert gpu.records == 8
+        assert h.sum(STEP, phase="decode") == pytest.approx(0.008)
+        assert pool.in_use == 1  # previous ends went back once the step after them was read
+
+
+def test_nested_steps_give_back_the_inner_end() -> None:
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = FakeGpu()
+        pool = wire(h, gpu)
+        for _ in range(3):
+            with h.monitor.mixed(prefill_seq_lens=[4], decode_batch=1, context_tokens=10):
+                gpu.now_ms += 1.0
+                with h.monitor.decode(batch=1, context_tokens=10):
+                    gpu.now_ms += 2.0
+            clock.advance(1e-3)
+        assert h.monitor.flush(5)
+        assert h.count(STEP, phase="decode") == 3
+        assert h.count(STEP, phase="mixed") == 3
+        assert h.sum(STEP, phase="decode") == pytest.approx(0.006)
+        assert h.sum(STEP, phase="mixed") == pytest.approx(0.009)
+        assert pool.in_use == 1
+
+
+def test_an_exhausted_pool_counts_steps_without_timing_them_and_recovers() -> None:
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = FakeGpu()
+        pool = wire(h, gpu, capacity=3)
+        collector = h.monitor._collector
+        assert collector is not None
+        collector.stop(5)  # nothing is read back meanwhile: the pool runs dry
+        steps(h, gpu, clock, [1.0] * 5, host_gap_s=1e-3)
+        assert h.monitor._untimed_pool_empty == 4  # one step fits in 3 events while none come back
+        assert pool.in_use <= 3
+        from perfsdk.collector import Collector
+
+        h.monitor._collector = c = Collector(h.monitor, 0.005)
+        c.start()
+        assert h.monitor.flush(5)
+        for _ in range(3):  # each step read before the next: events come back in time
+            steps(h, gpu, clock, [1.0], host_gap_s=1e-3)
+            assert h.monitor.flush(5)
+        assert h.count(STEP, phase="decode") == 4  # the first step and the three after recovery
+        assert h.monitor.stats()["decode"]["steps"] == 8
+
+
+def test_a_failed_record_or_read_loses_no_event() -> None:
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = FakeGpu()
+        pool = wire(h, gpu, capacity=32)
+        steps(h, gpu, clock, [1.0, 1.0], host_gap_s=1e-3)
+        gpu.fail_record_after = gpu.records + 1  # the next step's start records, its end fails
+        steps(h, gpu, clock, [1.0], host_gap_s=1e-3)
+        gpu.fail_record_after = None
+        assert h.monitor.flush(5)
+        assert len(pool._free) >= 2
+        gpu.fail_elapsed.add(pool._free[1].n)  # the next step's start (its end is taken first)
+        steps(h, gpu, clock, [1.0] * 6, host_gap_s=1e-3)
+        assert h.monitor.flush(5)
+        stats = h.monitor.stats()
+        assert stats["decode"]["steps"] == 8  # the failed-record step is not pushed; every other one is
+        assert stats["internal_errors"] == 2  # the record, then the read
+        assert h.count(STEP, phase="decode") == 2 + 5  # neither failed step has a time
+        assert wait_until(lambda: pool.in_use == 1)  # all back but the last end; the failed one remade
+
+
+def wait_until(cond: Any, timeout: float = 5.0) -> bool:
+    """The idle collector gives back dropped or failed steps' events on its next idle pass."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_overflowed_steps_give_their_events_back_when_the_collector_catches_up() -> None:
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock, queue_size=2) as h:
+        gpu = FakeGpu()
+        pool = wire(h, gpu, capacity=64)
+        collector = h.monitor._collector
+        assert collector is not None
+        collector.stop(5)
+        steps(h, gpu, clock, [1.0] * 10, host_gap_s=1e-3)  # 2 queued, 8 dropped
+        assert h.monitor.stats()["dropped_records"] == 8
+        from perfsdk.collector import Collector
+
+        h.monitor._collector = c = Collector(h.monitor, 0.005)
+        c.start()
+        assert h.monitor.flush(5)
+        assert wait_until(lambda: pool.in_use == 1)
+
+
+def test_the_collector_waits_once_for_a_run_of_queued_steps() -> None:
+    """Five steps queued before the GPU finishes any: one wait (on the newest) resolves all five."""
+
+    class InOrderGpu(FakeGpu):
+        def __init__(self) -> None:
+            super().__init__()
+            self.recorded: list[Ev] = []
+            self.done: set[int] = set()
+
+        def make_record_on(self) -> Any:
+            inner = super().make_record_on()
+
+            def record_on(ev: Ev, stream: int) -> int:
+                self.recorded.append(ev)
+                return int(inner(ev, stream))
+            return record_on
+
+        def query(self, ev: Ev) -> bool:
+            return ev.n in self.done
+
+        def wait(self, ev: Ev) -> None:
+            self.waits += 1
+            upto = max(i for i, e in enumerate(self.recorded) if e is ev)
+            self.done.update(e.n for e in self.recorded[: upto + 1])
+
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = InOrderGpu()
+        wire(h, gpu)
+        collector = h.monitor._collector
+        assert collector is not None
+        collector.stop(5)  # queue all five before the collector looks at any
+        steps(h, gpu, clock, [1.0, 2.0, 3.0, 4.0, 5.0], host_gap_s=1e-3)
+        from perfsdk.collector import Collector
+
+        h.monitor._collector = c = Collector(h.monitor, 0.005)
+        c.start()
+        assert h.monitor.flush(5)
+        assert gpu.waits == 1
+        assert h.count(STEP, phase="decode") == 5
+        assert h.sum(STEP, phase="decode") == pytest.approx(0.015)
