@@ -109,6 +109,18 @@ def _no_raise(code: int) -> None:
     return None
 
 
+def _empty_pop() -> Any:
+    raise IndexError
+
+
+def _sampler(every: int) -> Callable[[], bool]:
+    """``() -> bool``: True once every *every* calls (Monitor(timing_every=N))."""
+    import itertools
+
+    counter = itertools.count(1)
+    return lambda: next(counter) % every == 0
+
+
 def _env(name: str) -> str | None:
     v = os.environ.get(name)
     return v if v not in (None, "") else None
@@ -253,7 +265,8 @@ class Phase:
     awaits: keep device work of one step inside one coroutine.)
     """
 
-    __slots__ = ("_batch", "_ctx", "_dynamic", "_ev", "_mon", "_outer", "_phase", "_seq_lens", "_t0", "_tokens")
+    __slots__ = ("_batch", "_ctx", "_dynamic", "_ev", "_mon", "_outer", "_phase", "_seq_lens", "_stream", "_t0",
+                 "_tokens")
 
     def __init__(self, mon: Monitor, phase: str, batch: Any, tokens: Any, context_tokens: Any,
                  seq_lens: Any) -> None:
@@ -279,7 +292,8 @@ class Phase:
         self._dynamic = dynamic
         self._t0: int | None = None  # start of the open entry; _SKIPPED when capture/trace made it a no-op
         self._ev: Any = None
-        self._outer: list[tuple[int | None, Any]] | None = None  # enclosing entries when re-entered
+        self._stream = 0
+        self._outer: list[tuple[int | None, Any, int]] | None = None  # enclosing entries when re-entered
 
     def __enter__(self) -> Phase:
         mon = self._mon
@@ -292,7 +306,7 @@ class Phase:
         if self._t0 is not None:  # re-entered while open (nested): keep the outer entry
             if self._outer is None:
                 self._outer = []
-            self._outer.append((self._t0, self._ev))
+            self._outer.append((self._t0, self._ev, self._stream))
             self._ev = None  # the outer entry's events are not this entry's to give back
         try:
             if mon._capturing():
@@ -304,14 +318,32 @@ class Phase:
             pool = mon._pool
             if pool is None:
                 self._t0 = mon._clock()
+            elif mon._sampling and not mon._sampled():
+                self._ev = False  # not sampled (timing_every): counted, not timed
+                self._t0 = mon._clock()
             else:
-                mon._tick += 1
-                if mon._tick < mon._timing_every:
-                    self._ev = False  # not sampled: counted, not timed
+                # The timed path, inlined: it runs every step. Take the end event first; then either
+                # start from the previous step's end (same thread and stream, within chain_gap_us:
+                # one record per step) or take and record a fresh start, handing the previous end
+                # to the collector to give back once the step that ended with it has been read.
+                try:
+                    end = mon._pool_pop()
+                except IndexError:
+                    end = pool.acquire()
+                if end is None:
+                    mon._untimed_pool_empty += 1  # every event in flight: counted, not timed
+                    self._ev = False
                     self._t0 = mon._clock()
                 else:
-                    mon._tick = 0
-                    self._t0 = self._begin_timed(mon, pool)
+                    stream = self._stream = mon._stream()  # the end is recorded on the same stream
+                    local = mon._local
+                    last = local.last
+                    now = self._t0 = mon._clock()
+                    if last is not None and last[1] == stream and now - last[2] < mon._chain_gap_ns:
+                        local.last = None
+                        self._ev = (last[0], end, ())
+                    else:
+                        self._start_fresh(mon, pool, end, stream, last)
             if mon._nvtx_on:  # last, so that a failure above leaves no range open
                 mon._nvtx_push(self._phase, self._batch)
         except Exception as e:
@@ -319,44 +351,22 @@ class Phase:
             self._abandon(mon)
         return self
 
-    def _begin_timed(self, mon: Monitor, pool: Any) -> int:
-        """Take this step's events and record its start; returns the host start time.
-
-        A step that starts on the same stream within ``chain_gap_us`` of the previous step's end (on
-        this thread) starts at that end event: one record instead of two. Otherwise a fresh start event
-        is recorded, and the previous end, no longer needed as a start, is handed to the collector to
-        give back once the step that ended with it is read.
-        """
-        end = pool.acquire()
-        if end is None:
-            # every event is in flight: count the step, do not time it (a host interval around an
-            # asynchronous launch would pass for device time)
-            mon._untimed_pool_empty += 1
-            self._ev = False
-            return mon._clock()
-        stream = mon._stream()
-        local = mon._local
-        last = local.last
-        now = mon._clock()
-        if last is not None and last[1] == stream and now - last[2] < mon._chain_gap_ns:
-            local.last = None
-            self._ev = (last[0], end, ())
-            return now
+    def _start_fresh(self, mon: Monitor, pool: Any, end: Any, stream: int, last: Any) -> None:
+        """Record a fresh start event (the step does not follow the previous one closely)."""
         start = pool.acquire()
         if start is None:
             pool.release(end)  # never recorded: nobody else knows it
             mon._untimed_pool_empty += 1
             self._ev = False
-            return now
+            return
         if last is not None:
-            local.last = None
+            mon._local.last = None
             self._ev = (start, end, (last[0],))
         else:
             self._ev = (start, end, ())
         r = mon._record_on(start, stream)
         if r:
             mon._raise_for(r)
-        return now
 
     def _abandon(self, mon: Monitor) -> None:
         """After an internal error: give the events back and record nothing for this entry."""
@@ -369,9 +379,9 @@ class Phase:
         if not mon._enabled:
             return
         try:
-            t0, ev = self._t0, self._ev
+            t0, ev, stream = self._t0, self._ev, self._stream
             if self._outer:
-                self._t0, self._ev = self._outer.pop()
+                self._t0, self._ev, self._stream = self._outer.pop()
             else:
                 self._t0 = self._ev = None
             if t0 is None or t0 == _SKIPPED:
@@ -379,7 +389,6 @@ class Phase:
             if mon._nvtx_on:  # first: the range closes even if what follows fails
                 mon._nvtx_pop()
             if ev:
-                stream = mon._stream()
                 try:
                     r = mon._record_on(ev[1], stream)
                     if r:
@@ -395,9 +404,14 @@ class Phase:
                     ev = (ev[0], ev[1], (*ev[2], inner[0]))
             else:
                 t1 = mon._clock()
-            if not mon._push((STEP, self._phase, t0, t1, ev, self._batch, self._tokens, self._ctx, self._seq_lens,
-                              None if exc_type is None else exc_type.__qualname__)) and ev:
-                mon._orphans.extend((ev[0], *ev[2]))  # dropped: the collector gives these back when idle
+            q = mon._queue
+            if len(q) < mon._queue_cap:
+                q.append((STEP, self._phase, t0, t1, ev, self._batch, self._tokens, self._ctx, self._seq_lens,
+                          None if exc_type is None else exc_type.__qualname__))
+            else:
+                mon._dropped += 1  # the collector is behind: count it, never wait
+                if ev:
+                    mon._orphans.extend((ev[0], *ev[2]))  # given back once the collector has caught up
             w = mon._window
             if w is not None and w.hot:
                 w.step_end(self._phase)
@@ -531,7 +545,8 @@ class Monitor:
         if type(timing_every) is not int or timing_every < 1:
             raise ConfigError(f"timing_every: must be an integer >= 1, got {timing_every!r}")
         self._timing_every = timing_every
-        self._tick = 0
+        self._sampling = timing_every > 1
+        self._sampled = _sampler(timing_every)
         self._queue: deque[tuple[Any, ...]] = deque()
         rate = float(step_span_rate if step_span_rate is not None else _env("PERFSDK_STEP_SPAN_RATE") or 0.0)
         if not 0.0 <= rate <= 1.0:
@@ -565,9 +580,11 @@ class Monitor:
         self._stream: Callable[[], int] = _no_stream
         self._record_on: Callable[[Any, int], Any] = _no_record_on
         self._raise_for: Callable[[int], None] = _no_raise
+        self._pool_pop: Callable[[], Any] = _empty_pop
         if self._pool is not None:
             api = self._pool.api
             self._stream, self._record_on, self._raise_for = api.make_stream(), api.make_record_on(), api.raise_for
+            self._pool_pop = self._pool._free.popleft  # the hot path's fast acquire (falls back to acquire())
         self._capturing = _timing.capture_check(use_cuda) if self._enabled else _timing._never
         nvtx_choice = _env_bool("PERFSDK_NVTX", "auto") if nvtx is None else nvtx
         nv = make_nvtx(nvtx_choice if self._enabled else False)

@@ -99,6 +99,7 @@ def wire(h: MonitorHarness, gpu: FakeGpu, capacity: int = 64, chain_gap_us: floa
     mon = h.monitor
     pool = EventPool(gpu, capacity, prefill=0)  # type: ignore[arg-type]
     mon._pool = pool
+    mon._pool_pop = pool._free.popleft
     mon._stream, mon._record_on, mon._raise_for = gpu.make_stream(), gpu.make_record_on(), gpu.raise_for
     mon._chain_gap_ns = int(chain_gap_us * 1000)
     return pool
