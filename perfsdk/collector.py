@@ -76,6 +76,7 @@ class Collector(threading.Thread):
         self._queue = mon._queue
         self._poll = poll_interval
         self._stop_flag = False
+        self._read_every = 0.0  # > 0: read completed steps on a timer instead of waiting on events
         self._wake = threading.Event()
         self._pending: deque[tuple[Any, ...]] = deque()  # steps whose end event has not completed
         self._stats = {p: _PhaseStats() for p in ("prefill", "decode", "mixed")}
@@ -127,7 +128,15 @@ class Collector(threading.Thread):
                 if q:
                     self._drain()
                 elif self._pending:
-                    self._resolve_pending(block=True)
+                    if self._read_every > 0:
+                        # timer reads: resolve what has completed, then sleep (GIL released); never
+                        # woken by the GPU finishing a step, which is when the serving thread resumes
+                        self._resolve_pending(block=False)
+                        if self._pending and not q:
+                            self._wake.wait(self._read_every)  # flush() wakes it at once
+                            self._wake.clear()
+                    else:
+                        self._resolve_pending(block=True)
                 else:
                     self._release_orphans()
                     self._export_counters()
