@@ -499,6 +499,72 @@ def sync_census(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: int, h
                     "(blocking-sync events, GIL released)"}
 
 
+def synced_breakdown(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: list[Any],
+                     reps: int) -> dict[str, Any]:
+    """Where a synced CUDA-graph loop's overhead comes from: the calls, the sinks, or the collector thread.
+
+    Batch 1, each step's ids read back (as in ``cuda_graph_synced``), bare and five instrumented
+    variants interleaved: perfsdk's default; no Prometheus and no OpenTelemetry (the collector reads
+    events but exports nothing); the collector stopped (the serving thread's calls alone, in the loop);
+    timing off (``timing="host"``: no CUDA events at all); and the default with ``timing_every=4``.
+    """
+    tokens = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+    pos = torch.tensor([ctx - 1], device="cuda")
+    g, g_out = capture_decode_graph(model, tokens, pos, with_output=True)
+
+    def step() -> None:
+        g.replay()
+        g_out.cpu()
+
+    steps = 1000
+    from prometheus_client import CollectorRegistry
+
+    variants: dict[str, perfsdk.Monitor | None] = {
+        "bare": None,
+        "default": make_monitor(spec, hw, holder, nvtx="auto"),
+        "no_sinks": perfsdk.Monitor(model=spec, hardware=hw, registry=CollectorRegistry(), prometheus=False,
+                                    otel=False, nvtx="auto"),
+        "collector_stopped": make_monitor(spec, hw, holder, nvtx="auto", event_pool_size=(reps + 1) * steps + 64),
+        "host_timing": make_monitor(spec, hw, holder, nvtx="auto", timing="host"),
+        "timing_every_4": make_monitor(spec, hw, holder, nvtx="auto", timing_every=4),
+    }
+    stopped = variants["collector_stopped"]
+    assert stopped is not None
+    assert stopped._pool is not None
+    assert stopped._collector is not None
+    stopped._pool.reserve(2 * ((reps + 1) * steps + 64))
+    stopped._collector.stop(10)
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in variants}
+    for _ in range(10):
+        step()
+    for mon in variants.values():
+        step_loop(mon, step, 100, 1, ctx, "cuda")  # warm
+    for rep in range(reps):
+        order = list(variants.items()) if rep % 2 == 0 else list(reversed(variants.items()))
+        for name, mon in order:
+            runs[name].append(step_loop(mon, step, steps, 1, ctx, "cuda"))
+            if name == "collector_stopped" and mon is not None:
+                mon._queue.clear()
+    bare = statistics.median(r["step_us"] for r in runs["bare"])
+    out: dict[str, Any] = {"steps_per_run": steps, "runs": reps, "bare_step_us": bare}
+    for name, rs in runs.items():
+        if name == "bare":
+            continue
+        st = statistics.median(r["step_us"] for r in rs)
+        out[name] = {"step_us": st, "end_to_end_overhead_pct": (st - bare) / bare * 100,
+                     "added_us_per_step": st - bare,
+                     "hot_path_cpu_us_per_step": statistics.median(r["hot_path_cpu_us"] for r in rs),
+                     "collector_cpu_us_per_step": statistics.median(r["collector_cpu_us"] for r in rs)}
+        print(f"  synced breakdown {name:18s} {st:8.1f} us ({out[name]['end_to_end_overhead_pct']:+.2f}%, "
+              f"{st - bare:+.1f} us)  hot path {out[name]['hot_path_cpu_us_per_step']:.1f} us  collector "
+              f"{out[name]['collector_cpu_us_per_step']:.1f} us", flush=True)
+    stopped._queue.clear()
+    for mon in variants.values():
+        if mon is not None:
+            mon.close()
+    return out
+
+
 def capture_safety(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: list[Any]) -> dict[str, Any]:
     """CUDA-graph capture while perfsdk's collector is busy on another thread.
 
@@ -785,6 +851,8 @@ def main() -> int:
     ap.add_argument("--out", default="overhead.json")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--only", choices=["synced-breakdown"], default=None,
+                    help="run one experiment instead of the whole benchmark")
     ap.add_argument("--no-capture-control", dest="capture_control", action="store_false",
                     help="skip the control run (a thread breaking a CUDA-graph capture on purpose)")
     args = ap.parse_args()
@@ -800,6 +868,13 @@ def main() -> int:
     else:
         hw = perfsdk.hardware.calibrate(device="cpu", quick=True).as_spec()
     holder: list[Any] = []
+    if args.only == "synced-breakdown":
+        only: dict[str, Any] = {"environment": environment(device), "host_cost_ns": {
+            "perf_counter_ns": median_ns(time.perf_counter_ns, 20000)}}
+        only["synced_breakdown"] = synced_breakdown(model, spec, hw, args.ctx, holder, args.reps)
+        Path(args.out).write_text(json.dumps(only, indent=2, default=str))
+        print(f"wrote {args.out}")
+        return 0
     result: dict[str, Any] = {"environment": environment(device), "device": device,
                               "model": {**spec.to_dict(), "shape": vars(shape)}, "hardware": hw.as_dict()}
     print(f"== {result['environment'].get('gpu', 'cpu')}, torch {torch.__version__}, model "
