@@ -376,13 +376,10 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
     auto = {"nvtx": "auto"}
     modes: list[tuple[str, dict[str, Any], str]] = [("eager", auto, "eager")]
     if device == "cuda":
-        modes += [("eager_timer_reads", {**auto, "_read_every": 0.005}, "eager"),
-                  ("cuda_graph", auto, "graph"),
+        modes += [("cuda_graph", auto, "graph"),
                   ("cuda_graph_synced", auto, "graph_synced"),
                   ("cuda_graph_synced_nvtx_forced", {}, "graph_synced"),
                   ("cuda_graph_synced_no_chain", {**auto, "chain_gap_us": 0}, "graph_synced"),
-                  ("cuda_graph_synced_timer_reads", {**auto, "_read_every": 0.005}, "graph_synced"),
-                  ("cuda_graph_timer_reads", {**auto, "_read_every": 0.005}, "graph"),
                   ("cuda_graph_timing_every_4", {**auto, "timing_every": 4}, "graph")]
     for batch in batches:
         tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
@@ -404,11 +401,7 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
                 steps = (300 if batch == 1 else 200) if device == "cuda" else 40
             for _ in range(10):
                 step()
-            mkw = {k: v for k, v in kw.items() if not k.startswith("_")}
-            mon = make_monitor(spec, hw, holder, **mkw)
-            if "_read_every" in kw and mon._collector is not None:  # an experiment: the collector's read mode
-                mon._collector._read_every = kw["_read_every"]
-                mon._collector.wake()
+            mon = make_monitor(spec, hw, holder, **kw)
             bare, inst = [], []
             # A/B interleaved so clock and thermal drift affect both the same way
             step_loop(None, step, max(steps // 10, 5), batch, ctx, device)  # warm both paths

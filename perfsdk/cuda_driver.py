@@ -1,9 +1,10 @@
 """CUDA events through the driver API, for the cheapest possible record on the hot path.
 
-perfsdk times a step with two CUDA events. Through torch, one record costs
-~3.4 µs on an H200 host even with a cached stream, and torch releases the GIL
-inside it, so a collector thread waiting for the GIL takes it in the middle of
-the serving thread's step boundary. Here the same events are plain driver
+perfsdk times a step with CUDA events. Through torch, one record costs 2.4–3.6
+µs on the H200 hosts even with a cached stream (6.6–12.5 µs through
+``Event.record()``), and torch releases the GIL inside it, so a collector thread
+waiting for the GIL takes it in the middle of the serving thread's step
+boundary. Here the same events are plain driver
 handles (``CUevent``) created and recorded through ``libcuda`` with
 :mod:`ctypes`:
 

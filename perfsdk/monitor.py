@@ -33,8 +33,9 @@ decode or mixed step (device clock: what the GPU did)::
     mon.flush()                                         # everything recorded so far is exported
     mon.close()
 
-The serving thread only records — a clock read, a pooled CUDA event pair, an
-NVTX push/pop and one append to a bounded queue; the collector thread
+The serving thread only records — a clock read, a pooled CUDA event (two when a
+step does not follow the previous one closely), an NVTX push/pop while Nsight is
+attached, and one append to a bounded queue; the collector thread
 (:mod:`perfsdk.collector`) computes and exports. Nothing here waits for the
 GPU, and nothing here raises into serving code except the user's own
 exceptions (which propagate unchanged and are recorded as errors) and
@@ -524,7 +525,7 @@ class Monitor:
         self._server: MetricsServer | None = None
         self._closed = False
         self._dropped = 0
-        self._untimed_pool_empty = 0  # steps counted but not timed because every event pair was in flight
+        self._untimed_pool_empty = 0  # steps counted but not timed because every event was in flight
         self._collector: Collector | None = None
 
         self.model = self._resolve_model(_env("PERFSDK_MODEL") if model is _UNSET else model)

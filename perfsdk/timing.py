@@ -1,11 +1,13 @@
 """Device and host timers for the hot path.
 
-A step is timed by a pair of CUDA events recorded on the current stream around
-it — recording is asynchronous and never waits for the GPU — and the pair is
-read later, on the collector thread, once the end event has completed. Events
-come from a bounded pool (:class:`EventPool`) and go back to it after they are
-read (16 pairs are made up front, more on demand up to the capacity, so memory
-stays bounded); when every pair is in flight the step is counted but not timed
+A step is timed by CUDA events recorded on the current stream around it —
+recording is asynchronous and never waits for the GPU — and read later, on the
+collector thread, once the end event has completed. A step that follows the
+previous one closely starts at that step's end event (one record per step; see
+:class:`perfsdk.Monitor`'s ``chain_gap_us``). Events come from a bounded pool
+(:class:`EventPool`) and go back to it once nothing can read them any more (32
+are made up front, more on demand up to the capacity, so memory stays
+bounded); when every event is in flight the step is counted but not timed
 (``stats()["untimed_steps_event_pool_empty"]``): a host interval around an
 asynchronous launch would pass for device time.
 
