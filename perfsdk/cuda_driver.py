@@ -224,5 +224,5 @@ def driver_events(device: int | None = None) -> DriverEvents | None:
             return None
         dev = torch.cuda.current_device() if device is None else device
         return DriverEvents(dev, raw)
-    except (OSError, AttributeError, CudaDriverError):
+    except Exception:  # no driver, no device, a driver without these calls: torch's events instead
         return None
