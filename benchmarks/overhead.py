@@ -844,7 +844,7 @@ def main() -> int:
     ap.add_argument("--out", default="overhead.json")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ctx", type=int, default=1024)
-    ap.add_argument("--only", choices=["synced-breakdown"], default=None,
+    ap.add_argument("--only", choices=["synced-breakdown", "call-costs"], default=None,
                     help="run one experiment instead of the whole benchmark")
     ap.add_argument("--no-capture-control", dest="capture_control", action="store_false",
                     help="skip the control run (a thread breaking a CUDA-graph capture on purpose)")
@@ -861,10 +861,15 @@ def main() -> int:
     else:
         hw = perfsdk.hardware.calibrate(device="cpu", quick=True).as_spec()
     holder: list[Any] = []
-    if args.only == "synced-breakdown":
+    if args.only is not None:
         only: dict[str, Any] = {"environment": environment(device), "host_cost_ns": {
             "perf_counter_ns": median_ns(time.perf_counter_ns, 20000)}}
-        only["synced_breakdown"] = synced_breakdown(model, spec, hw, args.ctx, holder, args.reps)
+        if args.only == "synced-breakdown":
+            only["synced_breakdown"] = synced_breakdown(model, spec, hw, args.ctx, holder, args.reps)
+        else:
+            only["host_cost_ns"] = host_costs(spec, hw, device, holder)
+            print("== host cost per call (ns):", json.dumps({k: round(v) for k, v in only["host_cost_ns"].items()}),
+                  flush=True)
         Path(args.out).write_text(json.dumps(only, indent=2, default=str))
         print(f"wrote {args.out}")
         return 0

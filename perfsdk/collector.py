@@ -85,6 +85,7 @@ class Collector(threading.Thread):
         self._exported_dropped = 0
         self._exported_errors = 0
         self.processed = 0
+        self.resolved = 0  # records fully read (a CUDA step once its events are): orphans wait on this
         self.dropped_device_timing = 0
         m, h = mon.model, mon.hardware
         self._model = m
@@ -184,6 +185,8 @@ class Collector(threading.Thread):
             except Exception as e:
                 mon._errors.record(e, f"collector record {tag!r}")
             self.processed += 1
+            if not (tag == "s" and rec[4]):
+                self.resolved += 1  # a timed CUDA step counts once its events are read
 
     def _resolve_pending(self, block: bool, all_: bool = False) -> None:
         pending = self._pending
@@ -200,12 +203,8 @@ class Collector(threading.Thread):
                     if not block:
                         return
                     newest = pending[-1][4][1]
-                    if newest is not end and not api.query(newest):
-                        # Wait for the newest step instead: steps on one stream complete in order, so one
-                        # wake-up then resolves every step the host had queued, not one per step (fewer
-                        # GIL hand-offs to and from the serving thread). Then re-check the oldest.
-                        api.wait(newest)
-                        continue
+                    if newest is not end and self._wait_newest(api, newest):
+                        continue  # re-check the oldest
                     api.wait(end)  # blocking-sync event: sleeps in the driver, GIL released
                 seconds = api.elapsed_s(start, end)
                 pool.release(start)
@@ -220,19 +219,39 @@ class Collector(threading.Thread):
             for ev in drops:
                 pool.release(ev)
             pending.popleft()
+            self.resolved += 1
             self._step(rec, seconds)
+            if self._mon._orphans:
+                self._release_orphans()
             if not all_ and self._queue:
                 return  # go back to draining new records
 
+    @staticmethod
+    def _wait_newest(api: Any, newest: Any) -> bool:
+        """Wait for the newest pending step's end; False if it is done already or cannot be waited on.
+
+        Steps on one stream complete in order, so one wake-up then resolves every step the host had
+        queued, not one per step (fewer GIL hand-offs to and from the serving thread). A failure here is
+        left for that step's own turn to report; the caller waits on the oldest instead.
+        """
+        try:
+            if api.query(newest):
+                return False
+            api.wait(newest)
+            return True
+        except Exception:
+            return False
+
     def _release_orphans(self) -> None:
-        """Give back the events of dropped steps, once every step queued before them has been read."""
+        """Give back events of dropped or failed steps once every record queued before them is read."""
         orphans = self._mon._orphans
-        n = len(orphans)  # counted first: any of these was queued before the emptiness checks below
-        if not n or self._queue or self._pending or self._mon._pool is None:
+        pool = self._mon._pool
+        if pool is None:
+            orphans.clear()
             return
-        release = self._mon._pool.release
-        for _ in range(n):
-            release(orphans.popleft())
+        resolved = self.resolved
+        while orphans and orphans[0][0] <= resolved:
+            pool.release(orphans.popleft()[1])
 
     # ---- records ----------------------------------------------------------
     def _step(self, rec: tuple[Any, ...], seconds: float | None) -> None:

@@ -11,7 +11,10 @@ handles (``CUevent``) created and recorded through ``libcuda`` with
 * ``record`` is one ``torch._C._cuda_getCurrentRawStream`` call (the current
   stream's handle, no ``Stream`` object) and one ``cuEventRecord`` through a
   :class:`ctypes.PyDLL` function — which keeps the GIL, so the serving thread's
-  step boundary is never a point where another thread can cut in;
+  step boundary is never a point where another thread can cut in. The other
+  side of that: when the GPU's launch queue is full the record waits for room
+  holding the GIL, as any launch from that thread would wait anyway (the
+  collector then waits for the GIL, not the GPU);
 * ``query``, ``wait`` and ``elapsed_s`` run on the collector; ``wait``
   (``cuEventSynchronize`` on a ``CU_EVENT_BLOCKING_SYNC`` event) goes through
   :class:`ctypes.CDLL`, which releases the GIL and sleeps in the driver.
@@ -100,6 +103,8 @@ class DriverEvents:
         self._ctx_release = _fn(c, ("cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"), [i])
         self._ctx_set = _fn(c, ("cuCtxSetCurrent",), [vp])
         self._ctx_get = _fn(c, ("cuCtxGetCurrent",), [pvp])
+        self._ctx_push = _fn(c, ("cuCtxPushCurrent_v2", "cuCtxPushCurrent"), [vp])
+        self._ctx_pop = _fn(c, ("cuCtxPopCurrent_v2", "cuCtxPopCurrent"), [pvp])
         self._create = _fn(c, ("cuEventCreate",), [pvp, u])
         self._destroy = _fn(c, ("cuEventDestroy_v2", "cuEventDestroy"), [vp])
         self._record_fn = _fn(py, ("cuEventRecord",), [vp, vp])  # PyDLL: keeps the GIL (hot path)
@@ -135,9 +140,14 @@ class DriverEvents:
             self._check("cuCtxSetCurrent", self._ctx_set(self._ctx))
 
     def new(self) -> int:
-        self._with_context()
-        ev = ctypes.c_void_p()
-        self._check("cuEventCreate", self._create(ctypes.byref(ev), CU_EVENT_BLOCKING_SYNC))
+        # in this device's primary context whatever is current on the calling thread (which may be
+        # another device's): pushed for the call, popped after
+        self._check("cuCtxPushCurrent", self._ctx_push(self._ctx))
+        try:
+            ev = ctypes.c_void_p()
+            self._check("cuEventCreate", self._create(ctypes.byref(ev), CU_EVENT_BLOCKING_SYNC))
+        finally:
+            self._ctx_pop(ctypes.byref(ctypes.c_void_p()))
         self._live += 1
         return int(ev.value or 0)
 

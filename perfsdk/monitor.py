@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import logging
 import os
 import threading
@@ -92,10 +93,36 @@ _SKIPPED = -1  # a Phase entry that records nothing (inside CUDA-graph capture, 
 _TRUE = ("1", "true", "yes", "on")
 
 
-class _ThreadSteps(threading.local):
-    """Per serving thread: the last timed step's (end event, stream handle, host end time), or None."""
+class _LastEnd:
+    """One serving thread's last timed step: its end event (a possible next start), stream, host end, exit number.
 
-    last: tuple[Any, int, int] | None = None
+    When the thread ends its thread-local state goes, and with it this object: the event is handed to the
+    Monitor's orphans, to be given back to the pool once the collector has read past it.
+    """
+
+    __slots__ = ("_orphan", "ev", "seq", "stream", "t1")
+
+    def __init__(self, orphan: Callable[..., None]) -> None:
+        self.ev: Any = None
+        self.stream = 0
+        self.t1 = 0
+        self.seq = -1
+        self._orphan = orphan
+
+    def __del__(self) -> None:
+        ev = self.ev
+        if ev is not None:
+            try:
+                self._orphan(ev)
+            except Exception:
+                pass
+
+
+class _ThreadSteps(threading.local):
+    """Per serving thread: a :class:`_LastEnd` (``threading.local`` calls ``__init__`` once per thread)."""
+
+    def __init__(self, orphan: Callable[..., None]) -> None:
+        self.h = _LastEnd(orphan)
 
 
 def _no_stream() -> int:
@@ -324,9 +351,9 @@ class Phase:
                 self._t0 = mon._clock()
             else:
                 # The timed path, inlined: it runs every step. Take the end event first; then either
-                # start from the previous step's end (same thread and stream, within chain_gap_us:
-                # one record per step) or take and record a fresh start, handing the previous end
-                # to the collector to give back once the step that ended with it has been read.
+                # start from this thread's previous step's end (same stream, no other step exited since,
+                # within chain_gap_us: one record per step) or take and record a fresh start, handing the
+                # previous end to the collector to give back once the step that ended with it is read.
                 try:
                     end = mon._pool_pop()
                 except IndexError:
@@ -336,15 +363,17 @@ class Phase:
                     self._ev = False
                     self._t0 = mon._clock()
                 else:
+                    self._ev = (None, end, ())  # owned from here on: given back if anything below fails
                     stream = self._stream = mon._stream()  # the end is recorded on the same stream
-                    local = mon._local
-                    last = local.last
+                    h = mon._local.h
                     now = self._t0 = mon._clock()
-                    if last is not None and last[1] == stream and now - last[2] < mon._chain_gap_ns:
-                        local.last = None
-                        self._ev = (last[0], end, ())
+                    last = h.ev
+                    if (last is not None and h.seq == mon._last_exit and h.stream == stream
+                            and now - h.t1 < mon._chain_gap_ns):
+                        h.ev = None
+                        self._ev = (last, end, ())
                     else:
-                        self._start_fresh(mon, pool, end, stream, last)
+                        self._start_fresh(mon, pool, end, stream, h)
             if mon._nvtx_on:  # last, so that a failure above leaves no range open
                 mon._nvtx_push(self._phase, self._batch)
         except Exception as e:
@@ -352,17 +381,18 @@ class Phase:
             self._abandon(mon)
         return self
 
-    def _start_fresh(self, mon: Monitor, pool: Any, end: Any, stream: int, last: Any) -> None:
+    def _start_fresh(self, mon: Monitor, pool: Any, end: Any, stream: int, h: _LastEnd) -> None:
         """Record a fresh start event (the step does not follow the previous one closely)."""
         start = pool.acquire()
         if start is None:
+            self._ev = False
             pool.release(end)  # never recorded: nobody else knows it
             mon._untimed_pool_empty += 1
-            self._ev = False
             return
+        last = h.ev
         if last is not None:
-            mon._local.last = None
-            self._ev = (start, end, (last[0],))
+            h.ev = None
+            self._ev = (start, end, (last,))
         else:
             self._ev = (start, end, ())
         r = mon._record_on(start, stream)
@@ -388,7 +418,11 @@ class Phase:
             if t0 is None or t0 == _SKIPPED:
                 return
             if mon._nvtx_on:  # first: the range closes even if what follows fails
-                mon._nvtx_pop()
+                try:
+                    mon._nvtx_pop()
+                except Exception as e:  # the step is still timed and counted
+                    mon._errors.record(e, f"{self._phase}.__exit__ nvtx")
+            t1 = mon._clock()
             if ev:
                 try:
                     r = mon._record_on(ev[1], stream)
@@ -397,14 +431,14 @@ class Phase:
                 except Exception:
                     mon._give_back(ev)
                     raise
-                t1 = mon._clock()
-                local = mon._local
-                inner = local.last  # a nested step's end on this thread: given back after this step is read
-                local.last = (ev[1], stream, t1)
+                h = mon._local.h
+                inner = h.ev  # a nested step's end on this thread: given back after this step is read
+                h.ev, h.stream, h.t1 = ev[1], stream, t1
+                h.seq = mon._last_exit = next(mon._exit_seq)
                 if inner is not None:
-                    ev = (ev[0], ev[1], (*ev[2], inner[0]))
-            else:
-                t1 = mon._clock()
+                    ev = (ev[0], ev[1], (*ev[2], inner))
+            elif ev is False:
+                mon._last_exit = 0  # an untimed step: the next timed one must not start before it
             q = mon._queue
             if len(q) < mon._queue_cap:
                 q.append((STEP, self._phase, t0, t1, ev, self._batch, self._tokens, self._ctx, self._seq_lens,
@@ -412,7 +446,7 @@ class Phase:
             else:
                 mon._dropped += 1  # the collector is behind: count it, never wait
                 if ev:
-                    mon._orphans.extend((ev[0], *ev[2]))  # given back once the collector has caught up
+                    mon._orphan(ev[0], *ev[2])  # given back once the collector has read past them
             w = mon._window
             if w is not None and w.hot:
                 w.step_end(self._phase)
@@ -576,8 +610,10 @@ class Monitor:
         self._chain_gap_ns = int(chain_gap_us * 1000)
         self._pool = _timing.EventPool(_timing.event_api(events), 2 * event_pool_size) if use_cuda else None
         self.cuda_events = self._pool.api.name if self._pool is not None else None
-        self._local = _ThreadSteps()
-        self._orphans: deque[Any] = deque()  # events of dropped steps, given back when the collector is idle
+        self._orphans: deque[tuple[int, Any]] = deque()  # (read mark, event): given back by the collector
+        self._local = _ThreadSteps(self._orphan)
+        self._exit_seq = itertools.count(1)  # numbers timed exits; a step chains only onto the latest one
+        self._last_exit = 0
         self._stream: Callable[[], int] = _no_stream
         self._record_on: Callable[[Any, int], Any] = _no_record_on
         self._raise_for: Callable[[int], None] = _no_raise
@@ -693,16 +729,28 @@ class Monitor:
 
         The end was never recorded as far as anyone else knows: straight back to the pool. The start
         may be the previous step's end, and the others are previous ends, which a step still waiting
-        in the queue may need: the collector gives those back once it has caught up.
+        in the queue may need: orphans, given back once the collector has read past them.
         """
         pool = self._pool
         if pool is None:
             return
         try:
             pool.release(ev[1])
-            self._orphans.extend((ev[0], *ev[2]))
+            if ev[0] is not None:
+                self._orphan(ev[0], *ev[2])
+            elif ev[2]:
+                self._orphan(*ev[2])
         except Exception:
             pass
+
+    def _orphan(self, *events: Any) -> None:
+        """Hand *events* to the collector, to give back once it has read every record queued before now."""
+        c = self._collector
+        # Read in this order, a record moving between the queue, the pending steps and the read count
+        # meanwhile is counted twice, never missed: the mark can only be late, never early.
+        mark = len(self._queue) + (len(c._pending) + c.resolved if c is not None else 0)
+        for ev in events:
+            self._orphans.append((mark, ev))
 
     def request(self, prompt_tokens: int = 0, *, operation: str | None = None, request_id: str | None = None,
                 arrival_ns: int | None = None) -> Request:

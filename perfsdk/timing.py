@@ -296,7 +296,8 @@ class EventPool:
         return None
 
     def release(self, ev: Any) -> None:
-        self._free.append(ev)
+        if self.capacity:  # after close() events are not reused (nor destroyed: a thread may hold them)
+            self._free.append(ev)
 
     def reserve(self, events: int) -> None:
         """Create events now, up to *events* free ones (within the capacity), so no step pays for creation."""
@@ -310,15 +311,18 @@ class EventPool:
             self._created -= 1
 
     def close(self) -> None:
-        """Destroy every event and release the API (call once nothing is in flight).
+        """Stop handing out events; destroy the free ones and release the API.
 
-        Later ``acquire()`` calls return None: steps after close are counted, not timed.
+        Later ``acquire()`` calls return None (steps after close are counted, not timed) and
+        ``release()`` keeps nothing. Events still in a step's hands are left alone — a serving thread
+        may be between its enter and exit — and go with the process.
         """
         with self._lock:
             self.capacity = 0
+            free = list(self._free)
             self._free.clear()
-            events, self._all = self._all, []
-        for ev in events:
+            self._all = []
+        for ev in free:
             try:
                 self.api.destroy(ev)
             except Exception:

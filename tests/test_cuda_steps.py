@@ -296,3 +296,142 @@ def test_the_collector_waits_once_for_a_run_of_queued_steps() -> None:
         assert gpu.waits == 1
         assert h.count(STEP, phase="decode") == 5
         assert h.sum(STEP, phase="decode") == pytest.approx(0.015)
+
+
+def test_a_thread_that_ends_gives_back_its_last_end() -> None:
+    """A thread per request (generate() in a Thread): each thread's last end event comes back."""
+    import threading
+
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = FakeGpu()
+        pool = wire(h, gpu, capacity=8)
+        for _ in range(12):
+            t = threading.Thread(target=steps, args=(h, gpu, clock, [1.0, 1.0]))
+            t.start()
+            t.join()
+            assert h.monitor.flush(5)
+        assert h.count(STEP, phase="decode") == 24  # capacity 8 would have run dry after 4 threads
+        assert wait_until(lambda: pool.in_use == 0)
+
+
+def test_an_untimed_step_is_not_folded_into_the_next_timed_one() -> None:
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock, timing_every=2) as h:
+        gpu = FakeGpu()
+        wire(h, gpu)
+        steps(h, gpu, clock, [2.0] * 6)  # back to back, 2 ms of GPU work each; every other one timed
+        assert h.monitor.flush(5)
+        secs = list(h.monitor._collector._stats["decode"].seconds)  # type: ignore[union-attr]
+        assert secs == pytest.approx([0.002] * 3)
+
+
+def test_two_threads_on_one_stream_do_not_chain_across_each_other() -> None:
+    import threading
+
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = FakeGpu()
+        wire(h, gpu)
+        steps(h, gpu, clock, [2.0])
+        other = threading.Thread(target=steps, args=(h, gpu, clock, [3.0]))  # same stream, in between
+        other.start()
+        other.join()
+        steps(h, gpu, clock, [2.0])
+        assert h.monitor.flush(5)
+        secs = sorted(h.monitor._collector._stats["decode"].seconds)  # type: ignore[union-attr]
+        assert secs == pytest.approx([0.002, 0.002, 0.003])
+
+
+def test_failing_nvtx_pop_or_event_creation_loses_no_event() -> None:
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        class Gpu(FakeGpu):
+            fail = False
+
+            def new(self) -> Ev:
+                if self.fail:
+                    raise RuntimeError("cuEventCreate: out of memory")
+                return super().new()
+
+        gpu = Gpu()
+        pool = wire(h, gpu, capacity=32)
+        mon = h.monitor
+
+        def bad_pop() -> None:
+            raise RuntimeError("nvtx exploded")
+
+        mon._nvtx_on, mon._nvtx_push, mon._nvtx_pop = True, (lambda *a: None), bad_pop  # type: ignore[method-assign]
+        steps(h, gpu, clock, [1.0] * 5, host_gap_s=1e-3)
+        assert mon.flush(5)
+        assert h.count(STEP, phase="decode") == 5  # a failing NVTX pop does not cost the step its time
+        mon._nvtx_on = False
+        pool.reserve(len(pool._free) + 1)
+        while len(pool._free) > 1:  # one free event: the end takes it, the start must be created
+            pool._free.pop()
+            pool._created -= 1
+        gpu.fail = True
+        steps(h, gpu, clock, [1.0], host_gap_s=1e-3)
+        gpu.fail = False
+        assert mon.flush(5)
+        assert wait_until(lambda: pool.in_use == 1)  # only the last end, held for the next start
+
+
+def test_close_while_a_step_is_open_destroys_nothing_in_use() -> None:
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        class Gpu(FakeGpu):
+            def __init__(self) -> None:
+                super().__init__()
+                self.dead: set[int] = set()
+                self.recorded_dead: list[int] = []
+
+            def destroy(self, ev: Ev) -> None:
+                self.dead.add(ev.n)
+
+            def make_record_on(self) -> Any:
+                inner = super().make_record_on()
+
+                def record_on(ev: Ev, stream: int) -> int:
+                    if ev.n in self.dead:
+                        self.recorded_dead.append(ev.n)
+                        return 400  # CUDA_ERROR_INVALID_HANDLE, at best
+                    return int(inner(ev, stream))
+                return record_on
+
+        gpu = Gpu()
+        pool = wire(h, gpu, capacity=32)
+        steps(h, gpu, clock, [1.0, 1.0])
+        with h.monitor.decode(batch=1, context_tokens=10):  # the engine thread mid-step...
+            h.monitor.close()  # ...while shutdown closes the Monitor
+        assert gpu.recorded_dead == []
+        assert all(ev.n not in gpu.dead for ev in pool._free)
+
+
+def test_a_failed_wait_on_the_newest_step_is_not_blamed_on_the_oldest() -> None:
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        class Gpu(FakeGpu):
+            bad: Ev | None = None
+
+            def query(self, ev: Ev) -> bool:
+                return False  # nothing reports done: the collector must wait
+
+            def wait(self, ev: Ev) -> None:
+                if ev is self.bad:
+                    raise RuntimeError("CUDA error while waiting")
+
+        gpu = Gpu()
+        wire(h, gpu)
+        collector = h.monitor._collector
+        assert collector is not None
+        collector.stop(5)
+        steps(h, gpu, clock, [1.0] * 3, host_gap_s=1e-3)
+        gpu.bad = h.monitor._queue[-1][4][1]
+        from perfsdk.collector import Collector
+
+        h.monitor._collector = c = Collector(h.monitor, 0.005)
+        c.start()
+        assert h.monitor.flush(5)
+        assert h.count(STEP, phase="decode") == 2  # only the step whose own end failed is untimed
+        assert h.monitor._errors.count == 1
