@@ -76,6 +76,31 @@ def main() -> int:
     costs["torch_event_record_timing"] = median_ns(te.record, args.n)
     costs["torch_event_record_timing_blocking"] = median_ns(tb.record, args.n)
     costs["perf_counter_ns"] = median_ns(time.perf_counter_ns, args.n)
+    # The first record of a never-recorded event against later ones, for events made by perfsdk's
+    # DriverEvents.new() (created inside a pushed primary context) and by a bare cuEventCreate here.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from perfsdk.cuda_driver import driver_events
+
+    drv = driver_events()
+    if drv is not None:
+        for label, make in (("perfsdk_new", drv.new), ("bare_create", None)):
+            evs = []
+            for _ in range(5000):
+                if make is not None:
+                    evs.append(make())
+                else:
+                    ev = ctypes.c_void_p()
+                    assert create(ctypes.byref(ev), 1) == 0
+                    evs.append(ev.value)
+            torch.cuda.synchronize()
+            for nth in ("first", "second"):
+                t0 = time.perf_counter_ns()
+                for h in evs:
+                    record(h, raw(0))
+                costs[f"record_{nth}_time_{label}"] = (time.perf_counter_ns() - t0) / len(evs)
+                torch.cuda.synchronize()
+            for h in evs:
+                destroy(h)
     out["ns"] = costs
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(json.dumps(out, indent=1))
