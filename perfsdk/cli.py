@@ -33,6 +33,7 @@ _COMMANDS: tuple[str, ...] = (
     "perfsdk.demo.cli",
     "perfsdk.bench.cli",
     "perfsdk.profiling.cli",
+    "perfsdk.regress_cli",
 )
 
 
