@@ -15,23 +15,12 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-
-def median_ns(fn: Callable[[], object], n: int) -> float:
-    batches = []
-    for _ in range(max(n // 100, 5)):
-        t0 = time.perf_counter_ns()
-        for _ in range(100):
-            fn()
-        batches.append((time.perf_counter_ns() - t0) / 100)
-    return statistics.median(batches)
+from overhead import median_ns  # this directory is on sys.path when the script runs
 
 
 def main() -> int:
@@ -78,7 +67,6 @@ def main() -> int:
     costs["perf_counter_ns"] = median_ns(time.perf_counter_ns, args.n)
     # The first record of a never-recorded event against later ones, for events made by perfsdk's
     # DriverEvents.new() (created inside a pushed primary context) and by a bare cuEventCreate here.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from perfsdk.cuda_driver import driver_events
 
     drv = driver_events()

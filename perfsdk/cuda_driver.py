@@ -116,7 +116,6 @@ class DriverEvents:
         self._ms = ctypes.c_float()
         self._ms_ref = ctypes.byref(self._ms)
         self._closed = False
-        self._live = 0
 
     # ---- errors -------------------------------------------------------
     def _check(self, call: str, code: int) -> None:
@@ -148,13 +147,11 @@ class DriverEvents:
             self._check("cuEventCreate", self._create(ctypes.byref(ev), CU_EVENT_BLOCKING_SYNC))
         finally:
             self._ctx_pop(ctypes.byref(ctypes.c_void_p()))
-        self._live += 1
         return int(ev.value or 0)
 
     def destroy(self, ev: int) -> None:
         if not self._closed:
             self._destroy(ev)
-            self._live -= 1
 
     def make_stream(self) -> Callable[[], int]:
         """``() -> handle`` of the calling thread's current stream (one C call, no ``Stream`` object)."""

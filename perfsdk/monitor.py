@@ -143,8 +143,6 @@ def _empty_pop() -> Any:
 
 def _sampler(every: int) -> Callable[[], bool]:
     """``() -> bool``: True once every *every* calls (Monitor(timing_every=N))."""
-    import itertools
-
     counter = itertools.count(1)
     return lambda: next(counter) % every == 0
 
@@ -716,13 +714,13 @@ class Monitor:
                         "FLOPs are left out of MBU/MFU", self.model.name or "(unnamed)")
 
     # ---- hot path ------------------------------------------------------
-    def _push(self, record: tuple[Any, ...]) -> bool:
+    def _push(self, record: tuple[Any, ...]) -> None:
+        # (Phase.__exit__ inlines the same two lines: it runs every step, and a call costs a frame)
         q = self._queue
         if len(q) >= self._queue_cap:
             self._dropped += 1  # exported by the collector; the server never waits
-            return False
+            return
         q.append(record)
-        return True
 
     def _give_back(self, ev: tuple[Any, Any, tuple[Any, ...]]) -> None:
         """Events of a step that will not be pushed (an internal error): none may be reused too early.

@@ -34,8 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["EventApi", "EventPool", "TorchEvents", "capture_check", "cuda_usable", "event_api", "make_recorder",
-           "no_record"]
+__all__ = ["EventApi", "EventPool", "TorchEvents", "capture_check", "cuda_usable", "event_api", "make_recorder"]
 
 
 def cuda_usable(force: bool = False) -> bool:
@@ -88,37 +87,18 @@ def _never() -> bool:
     return False
 
 
-def no_record(event: Any) -> None:
-    """The recorder of a Monitor without CUDA timing."""
-
-
 def make_recorder() -> Callable[[Any], None]:
-    """``record(event)`` on the current stream, without ``torch.cuda.current_stream()``'s cost.
+    """``record(event)`` of a ``torch.cuda.Event`` on the current stream (:class:`TorchEvents`' path).
 
     ``torch.cuda.Event.record()`` builds a Python ``Stream`` object on every call
-    (several µs on a slow host). Here the current stream's raw handle is read
-    through one C call and mapped to a cached ``Stream``; a stream seen for the
-    first time (a side stream, a new priority) is looked up once the normal way.
-    Bound to the device current when the Monitor was built: one Monitor per GPU.
+    (several µs on a slow host); this reads the current stream's raw handle and
+    maps it to a cached ``Stream``.
     """
-    import torch
-
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    base_record = getattr(getattr(torch._C, "_CudaEventBase", None), "record", None)
-    if raw is None or base_record is None:  # an older or different build: the public, slower path
-        def record_public(event: Any) -> None:
-            event.record()
-        return record_public
-    device = torch.cuda.current_device()
-    streams: dict[int, Any] = {}
-    current_stream = torch.cuda.current_stream
+    api = TorchEvents()
+    stream, record_on = api.make_stream(), api.make_record_on()
 
     def record(event: Any) -> None:
-        handle = raw(device)
-        stream = streams.get(handle)
-        if stream is None:
-            stream = streams[handle] = current_stream(device)
-        base_record(event, stream)
+        record_on(event, stream())
 
     return record
 
@@ -142,7 +122,7 @@ class EventApi(Protocol):
 
 
 class TorchEvents:
-    """``torch.cuda.Event`` objects (timing, blocking sync), recorded through :func:`make_recorder`."""
+    """``torch.cuda.Event`` objects (timing, blocking sync), recorded through a cached ``Stream`` per handle."""
 
     name = "torch"
 
@@ -170,7 +150,11 @@ class TorchEvents:
         return functools.partial(raw, torch.cuda.current_device())
 
     def make_record_on(self) -> Callable[[Any, int], Any]:
-        """``record_on(event, stream_handle)``; returns None (raises on a CUDA error)."""
+        """``record_on(event, stream_handle)``; returns None (raises on a CUDA error).
+
+        A stream handle seen for the first time (a side stream, a new priority) is looked up once the
+        normal way and its ``Stream`` cached. Bound to the device current when the Monitor was built.
+        """
         import torch
 
         device = torch.cuda.current_device()

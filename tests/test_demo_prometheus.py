@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-import socket
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_server import PROMETHEUS, query, running_prometheus
 
 pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
-
-PROMETHEUS = shutil.which("prometheus")
 
 pytestmark = [
     pytest.mark.slow,
@@ -26,16 +19,8 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _query(prom: str, promql: str) -> list[dict[str, Any]]:
-    url = f"{prom}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        body = json.load(resp)
+    body = query(prom, promql)
     assert body["status"] == "success", body
     return list(body["data"]["result"])
 
@@ -50,37 +35,8 @@ def test_prometheus_scrapes_the_demo_and_promql_sees_ttft(tmp_path: Path) -> Non
             assert r.status_code == 200
         assert demo.monitor.flush(timeout=10.0)
 
-        web_port = _free_port()
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            "global:\n"
-            "  scrape_interval: 1s\n"
-            "  evaluation_interval: 1s\n"
-            "scrape_configs:\n"
-            "  - job_name: perfsdk-demo\n"
-            f"    static_configs:\n      - targets: ['127.0.0.1:{demo.server.port}']\n"
-        )
-        assert PROMETHEUS is not None
-        check = subprocess.run(
-            [shutil.which("promtool") or "promtool", "check", "config", str(config)],
-            check=False,
-            capture_output=True,
-            text=True,
-        )
-        assert check.returncode == 0, check.stdout + check.stderr
-        log = (tmp_path / "prometheus.log").open("w")
-        proc = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{web_port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        prom = f"http://127.0.0.1:{web_port}"
-        try:
+        with running_prometheus(tmp_path, job="perfsdk-demo", target=f"127.0.0.1:{demo.server.port}") as server:
+            prom, proc = server.url, server.proc
             result: list[dict[str, Any]] = []
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and proc.poll() is None:
@@ -91,7 +47,7 @@ def test_prometheus_scrapes_the_demo_and_promql_sees_ttft(tmp_path: Path) -> Non
                 if result and float(result[0]["value"][1]) >= 5:
                     break
                 time.sleep(0.5)
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+            assert proc.poll() is None, server.log.read_text()[-2000:]
             assert result, "Prometheus never stored a TTFT sample from the demo"
             assert float(result[0]["value"][1]) == 5
 
@@ -104,11 +60,3 @@ def test_prometheus_scrapes_the_demo_and_promql_sees_ttft(tmp_path: Path) -> Non
             )
             assert quantile, "histogram_quantile over the TTFT buckets returned nothing"
             assert float(quantile[0]["value"][1]) > 0
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -24,14 +22,13 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_server import PROMETHEUS, PROMTOOL, query, running_prometheus
 
 import perfsdk
 from perfsdk.hardware import HardwareSpec
 from perfsdk.model import ModelSpec
 
 GRAFANA = Path(__file__).resolve().parent.parent / "integrations" / "grafana"
-PROMTOOL = shutil.which("promtool")
-PROMETHEUS = shutil.which("prometheus")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (apt install prometheus)")
 
 
@@ -97,21 +94,6 @@ HW = HardwareSpec(name="grafana-test-gpu", memory_bandwidth=MODEL.weight_bytes /
                   flops={"bf16": 2 * MODEL.params * 256 / 0.010 / 0.5})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _query(prom: str, promql: str) -> dict[str, Any]:
-    url = f"{prom}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return dict(json.load(resp))
-    except urllib.error.HTTPError as e:  # a bad query answers 400 with the parser's message
-        return dict(json.load(e))
-
-
 def _traffic(mon: perfsdk.Monitor, stop: threading.Event) -> None:
     """Requests through prefill and decode steps, until told to stop."""
     while not stop.is_set():
@@ -137,33 +119,13 @@ def prometheus_on_a_monitor(tmp_path: Path) -> Iterator[tuple[str, perfsdk.Monit
     stop = threading.Event()
     worker = threading.Thread(target=_traffic, args=(mon, stop), daemon=True)
     worker.start()
-    shutil.copy(GRAFANA / "perfsdk-rules.yml", tmp_path / "perfsdk-rules.yml")
-    web = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "rule_files: [perfsdk-rules.yml]\n"
-        "scrape_configs:\n  - job_name: llm\n"
-        f"    static_configs:\n      - targets: ['127.0.0.1:{server.port}']\n"
-    )
-    check = subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True, text=True, check=False)
-    assert check.returncode == 0, check.stdout + check.stderr
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{web}"], stdout=log, stderr=subprocess.STDOUT)
-    prom = f"http://127.0.0.1:{web}"
     try:
-        yield prom, mon
+        with running_prometheus(tmp_path, job="llm", target=f"127.0.0.1:{server.port}",
+                                rule_files=[GRAFANA / "perfsdk-rules.yml"]) as prom:
+            yield prom.url, mon
     finally:
         stop.set()
         worker.join(10)
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
         mon.close()
 
 
@@ -176,7 +138,7 @@ def test_every_panel_query_and_recording_rule_runs_on_a_real_prometheus(
     ready = False
     while time.monotonic() < start + 90:
         try:
-            got = _query(prom, "perfsdk:ttft_seconds:p99_5m")
+            got = query(prom, "perfsdk:ttft_seconds:p99_5m")
         except OSError:  # not listening yet
             got = {}
         if got.get("data", {}).get("result") and time.monotonic() > start + 5:
@@ -187,7 +149,7 @@ def test_every_panel_query_and_recording_rule_runs_on_a_real_prometheus(
 
     def run(expr: str) -> list[dict[str, Any]]:
         promql = expr.replace("$__rate_interval", "10s").replace("$model", ".*").replace("$instance", ".*")
-        body = _query(prom, promql)
+        body = query(prom, promql)
         assert body.get("status") == "success", (expr, body)
         return list(body["data"]["result"])
 
