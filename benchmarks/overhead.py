@@ -53,6 +53,7 @@ from torch import Tensor, nn
 
 import perfsdk
 from perfsdk.model import ModelSpec
+from perfsdk.monitor import _load_hotpath
 
 
 # --------------------------------------------------------------------------- the model
@@ -177,6 +178,7 @@ def environment(device: str) -> dict[str, Any]:
         "python": platform.python_version(), "torch": torch.__version__, "perfsdk": perfsdk.__version__,
         "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "perfsdk_c_hot_path_built": _load_hotpath() is not None,
     }
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name()
@@ -261,12 +263,18 @@ def host_costs(spec: ModelSpec, hw: Any, device: str, holder: list[Any]) -> dict
                 pass
         return phase
 
-    # Monitor settings compared; "" is perfsdk's default (driver events, chained boundaries, NVTX auto)
-    variants: list[tuple[str, dict[str, Any]]] = [("", {"nvtx": "auto"}), ("_nvtx_forced", {})]
+    # Monitor settings compared; "" is perfsdk's default (the C hot path where built, driver events,
+    # chained boundaries, NVTX auto); "_python" the same algorithm in Python (the reference implementation)
+    variants: list[tuple[str, dict[str, Any]]] = [
+        ("", {"nvtx": "auto"}), ("_python", {"nvtx": "auto", "hot_path": "python"}),
+        ("_nvtx_forced", {}), ("_nvtx_forced_python", {"hot_path": "python"})]
     if device == "cuda":
         variants += [("_no_chain", {"nvtx": "auto", "chain_gap_us": 0}),
-                     ("_torch_events", {"nvtx": "auto", "cuda_events": "torch"})]
+                     ("_no_chain_python", {"nvtx": "auto", "chain_gap_us": 0, "hot_path": "python"}),
+                     ("_torch_events", {"nvtx": "auto", "cuda_events": "torch"}),
+                     ("_torch_events_python", {"nvtx": "auto", "cuda_events": "torch", "hot_path": "python"})]
     rounds, per_round = 10, 2000
+    env_hot_path = "c" if _load_hotpath() is not None else "python"
     mons: dict[str, perfsdk.Monitor] = {}
     for suffix, kw in variants:
         mon = make_monitor(spec, hw, holder, **kw)
@@ -301,6 +309,7 @@ def host_costs(spec: ModelSpec, hw: Any, device: str, holder: list[Any]) -> dict
                 batches[key].append((time.perf_counter_ns() - t0) / 100)
     for key, mon in mons.items():
         out[key] = statistics.median(batches[key])
+        assert mon.hot_path == ("python" if key.endswith("_python") else env_hot_path), (key, mon.hot_path)
         if "collector_stopped" in key:
             mon._queue.clear()
         sync(device)
@@ -376,8 +385,11 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
     auto = {"nvtx": "auto"}
     modes: list[tuple[str, dict[str, Any], str]] = [("eager", auto, "eager")]
     if device == "cuda":
+        py = {**auto, "hot_path": "python"}  # the same loops with the Python reference implementation
         modes += [("cuda_graph", auto, "graph"),
+                  ("cuda_graph_python", py, "graph"),
                   ("cuda_graph_synced", auto, "graph_synced"),
+                  ("cuda_graph_synced_python", py, "graph_synced"),
                   ("cuda_graph_synced_nvtx_forced", {}, "graph_synced"),
                   ("cuda_graph_synced_no_chain", {**auto, "chain_gap_us": 0}, "graph_synced"),
                   ("cuda_graph_timing_every_4", {**auto, "timing_every": 4}, "graph")]
@@ -430,6 +442,7 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
             hot_us = med(inst, "hot_path_cpu_us") - floor_ns / 1e3
             results.append({
                 "batch": batch, "ctx": ctx, "mode": mode, "monitor_settings": kw, "cuda_events": mon.cuda_events,
+                "hot_path": mon.hot_path,
                 "nvtx_backend": mon.nvtx_backend, "steps_per_run": steps, "runs": reps,
                 "bare_step_us": bare_us, "instrumented_step_us": inst_us,
                 "end_to_end_overhead_pct": (inst_us - bare_us) / bare_us * 100,

@@ -384,7 +384,7 @@ class Collector(threading.Thread):
         prom = mon._prom
         if prom is None:
             return
-        d = mon._dropped - self._exported_dropped
+        d = mon._drops()[0] - self._exported_dropped
         if d > 0:
             prom.dropped.inc(d)
             self._exported_dropped += d
@@ -395,8 +395,7 @@ class Collector(threading.Thread):
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {p: s.summary() for p, s in self._stats.items()}
-        out["dropped_records"] = self._mon._dropped
-        out["untimed_steps_event_pool_empty"] = self._mon._untimed_pool_empty
+        out["dropped_records"], out["untimed_steps_event_pool_empty"] = self._mon._drops()
         out["internal_errors"] = self._mon._errors.count
         out["processed_records"] = self.processed
         return out

@@ -166,6 +166,10 @@ class DriverEvents:
         """
         return self._record_fn  # type: ignore[no-any-return]
 
+    def record_address(self) -> int:
+        """The address of ``cuEventRecord`` itself, for the C hot path (``perfsdk._hotpath``) to call directly."""
+        return int(ctypes.cast(self._record_fn, ctypes.c_void_p).value or 0)
+
     def raise_for(self, code: int) -> None:
         """Raise :class:`CudaDriverError` for a failed record's result code."""
         self._check("cuEventRecord", code)

@@ -53,11 +53,13 @@ arguments win): ``PERFSDK_ENABLED=0``, ``PERFSDK_MODEL`` (a known model name),
 
 from __future__ import annotations
 
+import abc
 import functools
 import inspect
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -119,10 +121,23 @@ class _LastEnd:
 
 
 class _ThreadSteps(threading.local):
-    """Per serving thread: a :class:`_LastEnd` (``threading.local`` calls ``__init__`` once per thread)."""
+    """Per serving thread: a :class:`_LastEnd`, or the C hot path's ``LastEnd`` (*factory*).
 
-    def __init__(self, orphan: Callable[..., None]) -> None:
-        self.h = _LastEnd(orphan)
+    ``threading.local`` calls ``__init__`` once per thread, with these arguments.
+    """
+
+    def __init__(self, orphan: Callable[..., None], factory: Callable[[Callable[..., None]], Any] = _LastEnd) -> None:
+        self.h = factory(orphan)
+
+
+def _load_hotpath() -> Any:
+    """The C hot path (``perfsdk._hotpath``), or None where it was not built."""
+    try:
+        from perfsdk import _hotpath
+
+        return _hotpath
+    except ImportError:
+        return None
 
 
 def _no_stream() -> int:
@@ -280,8 +295,13 @@ def _check_count(field: str, value: Any) -> Any:
     return as_int
 
 
-class Phase:
+class Phase(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step registers as a Phase)
     """One prefill, decode or mixed step: a context manager and a decorator.
+
+    This class is the reference implementation. Where perfsdk's C extension is built,
+    ``Monitor.prefill/decode/mixed`` return its ``Step`` instead — the same algorithm
+    without the interpreter's cost (``Monitor.hot_path`` says which; both pass the same
+    tests, and ``isinstance(step, Phase)`` holds for both).
 
     As a context manager each ``with`` times one step (``with mon.decode(...)`` builds a
     fresh one per step); the same object may be re-entered while open on the *same*
@@ -452,34 +472,39 @@ class Phase:
             mon._errors.record(e, f"{self._phase}.__exit__")
 
     def __call__(self, fn: F) -> F:
-        mon, phase = self._mon, self._phase
         sizes = (self._batch, self._tokens, self._ctx, self._seq_lens)
-        dynamic = self._dynamic
+        return _decorate(self._mon, self._phase, sizes, self._dynamic, fn)
 
-        def fresh(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Phase:
-            if not dynamic:
-                return Phase(mon, phase, *sizes)
-            try:
-                vals = [v(*args, **kwargs) if callable(v) else v for v in sizes]
-                return Phase(mon, phase, *vals)
-            except Exception as e:  # a size callable that fails or returns a bad value: the call still runs
-                mon._errors.record(e, f"@{phase} size callable")
-                return Phase(mon, phase, 0, None, 0, None)
 
-        if inspect.iscoroutinefunction(fn):
-            @functools.wraps(fn)
-            async def awrapper(*args: Any, **kwargs: Any) -> Any:
-                with fresh(args, kwargs):
-                    return await fn(*args, **kwargs)
+def _decorate(mon: Monitor, phase: str, sizes: tuple[Any, Any, Any, Any], dynamic: bool, fn: F) -> F:
+    """*fn* with every call one step (the decorator form of a Phase or of the C hot path's Step)."""
 
-            return cast(F, awrapper)
+    def fresh(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Phase:
+        if mon._compiling():  # torch.compile traces this: the Python Phase, a no-op there
+            return Phase(mon, phase, 0, None, 0, None)
+        if not dynamic:
+            return mon._new_step(phase, *sizes)
+        try:
+            vals = [v(*args, **kwargs) if callable(v) else v for v in sizes]
+            return mon._new_step(phase, *vals)
+        except Exception as e:  # a size callable that fails or returns a bad value: the call still runs
+            mon._errors.record(e, f"@{phase} size callable")
+            return mon._new_step(phase, 0, None, 0, None)
 
+    if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        async def awrapper(*args: Any, **kwargs: Any) -> Any:
             with fresh(args, kwargs):
-                return fn(*args, **kwargs)
+                return await fn(*args, **kwargs)
 
-        return cast(F, wrapper)
+        return cast(F, awrapper)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with fresh(args, kwargs):
+            return fn(*args, **kwargs)
+
+    return cast(F, wrapper)
 
 
 class Monitor:
@@ -517,6 +542,9 @@ class Monitor:
         compute_dtype: dtype whose dense peak MFU divides by (default: the model's dtype, bf16 for
             integer weights).
         rank: ``"auto"`` adds a ``rank`` label when this process is one rank of several; an int forces it.
+        hot_path: ``"auto"`` (default): the step wrappers' enter/exit in C (``perfsdk._hotpath``) where the
+            extension was built, else in Python; ``"c"`` (raise if not built) or ``"python"``. The two run
+            the same algorithm; C costs a fraction of the CPU per step. ``Monitor.hot_path`` says which.
         clock: a ``() -> int`` nanosecond clock (tests); default ``time.perf_counter_ns``.
         enabled: ``False`` makes every call a no-op.
     """
@@ -543,6 +571,7 @@ class Monitor:
         step_span_rate: float | None = None,
         compute_dtype: str | None = None,
         rank: int | str | None = "auto",
+        hot_path: str | None = None,
         clock: Callable[[], int] | None = None,
         poll_interval: float = 0.005,
         enabled: bool | None = None,
@@ -621,6 +650,9 @@ class Monitor:
             self._stream, self._record_on, self._raise_for = api.make_stream(), api.make_record_on(), api.raise_for
             self._pool_pop = self._pool._free.popleft  # the hot path's fast acquire (falls back to acquire())
         self._capturing = _timing.capture_check(use_cuda) if self._enabled else _timing._never
+        # the C path checks graph capture itself; torch.compile tracing must be caught before a C call
+        self._compile_check, self._cuda_capturing = _timing.capture_checks(use_cuda)
+        self._compiling: Callable[[], bool] = _timing._never
         nvtx_choice = _env_bool("PERFSDK_NVTX", "auto") if nvtx is None else nvtx
         nv = make_nvtx(nvtx_choice if self._enabled else False)
         self.nvtx_backend = nv.backend
@@ -659,6 +691,16 @@ class Monitor:
 
                 raise MissingDependencyError("opentelemetry-api", "OpenTelemetry spans", extra="otel")
         self._capture_ctx = self._otel.capture_context if self._otel is not None else None
+
+        hp = (hot_path or _env("PERFSDK_HOT_PATH") or "auto").lower()
+        if hp not in ("auto", "c", "python"):
+            raise ConfigError(f"hot_path: expected 'auto', 'c' or 'python', got {hp!r}")
+        if hp == "c" and _load_hotpath() is None:
+            raise ConfigError("hot_path='c': perfsdk's C extension (perfsdk._hotpath) is not built in this install; "
+                              "reinstall with a C compiler and the Python headers, or use hot_path='python'")
+        self.hot_path = "c" if hp != "python" and _load_hotpath() is not None else "python"
+        self._hot: Any = None
+        self._bind_hot()
 
         self._warn_missing()
         if self._enabled:
@@ -714,6 +756,66 @@ class Monitor:
                         "FLOPs are left out of MBU/MFU", self.model.name or "(unnamed)")
 
     # ---- hot path ------------------------------------------------------
+    def _bind_hot(self) -> None:
+        """Choose the step implementation and bind the C hot path to this Monitor's current parts.
+
+        Called once by the constructor; tests that swap a part (a scripted GPU, a failing NVTX) call it again.
+        """
+        if self._hot is not None:  # keep what the previous binding counted
+            d, u = self._hot.counts()
+            self._dropped += d
+            self._untimed_pool_empty += u
+        self._hot = None
+        self._new_step: Callable[..., Phase] = functools.partial(Phase, self)
+        hp = _load_hotpath() if self.hot_path == "c" and self._enabled else None
+        self._compiling = _timing_never  # the Python Phase checks tracing in __enter__
+        if hp is None:
+            if not isinstance(getattr(self._local, "h", None), _LastEnd):
+                self._local = _ThreadSteps(self._orphan)
+            return
+        pool = self._pool
+        record_fn = 0
+        if pool is not None and self._record_on is pool.api.make_record_on():
+            address = getattr(pool.api, "record_address", None)
+            record_fn = address() if address is not None else 0
+        if not isinstance(getattr(self._local, "h", None), hp.LastEnd):
+            self._local = _ThreadSteps(self._orphan, hp.LastEnd)
+        native_clock = self._clock is time.perf_counter_ns and sys.platform.startswith("linux")
+        self._hot = hp.Hot(
+            mon=self, clock=None if native_clock else self._clock,
+            capturing=self._cuda_capturing, stream=self._stream, record_on=self._record_on, record_fn=record_fn,
+            raise_for=self._raise_for, pool_pop=self._pool_pop if pool is not None else None,
+            pool_acquire=pool.acquire if pool is not None else None,
+            pool_release=pool.release if pool is not None else None,
+            queue=self._queue, queue_cap=self._queue_cap, local=self._local, nvtx_on=self._nvtx_on,
+            nvtx_push=self._nvtx_push, nvtx_pop=self._nvtx_pop, errors_record=self._errors.record,
+            orphan=self._orphan, give_back=self._give_back, decorate=self._decorate_step,
+            slow_step=self._slow_step, chain_gap_ns=self._chain_gap_ns, every=self._timing_every,
+        )
+        self._new_step = self._hot.step
+        if self._compile_check is not None:
+            self._compiling = self._compile_check
+        hp_step: Any = hp.make_step
+        self._make_c_step = hp_step
+
+    def _slow_step(self, phase: str, batch: Any, tokens: Any, ctx: Any, seq_lens: Any) -> Any:
+        """The C path's constructor for sizes that are not plain ints: validated here, as Phase does."""
+        p = Phase(self, phase, batch, tokens, ctx, seq_lens)  # raises ConfigError for a bad value
+        if p._dynamic:
+            return p  # callables: a decorator only (each call makes a C step from the values)
+        return self._make_c_step(self._hot, phase, p._batch, p._tokens, p._ctx, p._seq_lens)
+
+    def _decorate_step(self, step: Any, fn: F) -> F:
+        return _decorate(self, step.phase, step.sizes, False, fn)
+
+    def _drops(self) -> tuple[int, int]:
+        """(steps dropped because the queue was full, steps not timed because every event was in flight)."""
+        d, u = self._dropped, self._untimed_pool_empty
+        if self._hot is not None:
+            hd, hu = self._hot.counts()
+            d, u = d + hd, u + hu
+        return d, u
+
     def _push(self, record: tuple[Any, ...]) -> None:
         # (Phase.__exit__ inlines the same two lines: it runs every step, and a call costs a frame)
         q = self._queue
@@ -773,19 +875,25 @@ class Monitor:
 
         ``cached_tokens``: prefix tokens already in the KV cache (read, not recomputed).
         """
-        return Phase(self, "prefill", batch, tokens, cached_tokens, seq_lens)
+        if self._compiling():  # torch.compile traces this call: the Python Phase, a no-op there
+            return Phase(self, "prefill", batch, tokens, cached_tokens, seq_lens)
+        return self._new_step("prefill", batch, tokens, cached_tokens, seq_lens)
 
     def decode(self, batch: int | Callable[..., int] = 1,
                context_tokens: int | Callable[..., int] = 0) -> Phase:
         """One decode step: *batch* sequences, *context_tokens* = the sum of their context lengths."""
-        return Phase(self, "decode", batch, None, context_tokens, None)
+        if self._compiling():  # torch.compile traces this call: the Python Phase, a no-op there
+            return Phase(self, "decode", batch, None, context_tokens, None)
+        return self._new_step("decode", batch, None, context_tokens, None)
 
     def mixed(self, prefill_seq_lens: Sequence[int] | Callable[..., Sequence[int]] = (),
               decode_batch: int | Callable[..., int] = 0,
               context_tokens: int | Callable[..., int] = 0) -> Phase:
         """A chunked-prefill + decode step: prefill chunks of *prefill_seq_lens* tokens, and *decode_batch*
         sequences decoding over *context_tokens* context tokens in all. Reports MBU and MFU."""
-        return Phase(self, "mixed", decode_batch, None, context_tokens, prefill_seq_lens)
+        if self._compiling():  # torch.compile traces this call: the Python Phase, a no-op there
+            return Phase(self, "mixed", decode_batch, None, context_tokens, prefill_seq_lens)
+        return self._new_step("mixed", decode_batch, None, context_tokens, prefill_seq_lens)
 
     # ---- control -------------------------------------------------------
     def flush(self, timeout: float | None = 10.0) -> bool:
@@ -838,7 +946,7 @@ class Monitor:
     def stats(self) -> dict[str, Any]:
         """Rolling per-phase statistics (last few thousand steps) and the SDK's health counters."""
         out = (self._collector.stats() if self._collector is not None
-               else {"dropped_records": self._dropped, "internal_errors": self._errors.count})
+               else {"dropped_records": self._drops()[0], "internal_errors": self._errors.count})
         if self._window is not None:
             out["profiler"] = self._window.status()
         return out
@@ -875,6 +983,19 @@ class Monitor:
 
 
 _NULL_REQUEST = _NullRequest()
+
+
+def _timing_never() -> bool:
+    return False
+
+
+def _register_step_type() -> None:
+    hp = _load_hotpath()
+    if hp is not None:
+        Phase.register(hp.Step)
+
+
+_register_step_type()
 
 
 def _detect_rank(rank: int | str | None) -> int | None:

@@ -34,7 +34,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["EventApi", "EventPool", "TorchEvents", "capture_check", "cuda_usable", "event_api", "make_recorder"]
+__all__ = ["EventApi", "EventPool", "TorchEvents", "capture_check", "capture_checks", "cuda_usable", "event_api",
+           "make_recorder"]
 
 
 def cuda_usable(force: bool = False) -> bool:
@@ -81,6 +82,23 @@ def capture_check(cuda: bool = True) -> Callable[[], bool]:
     else:
         return _never
     return check
+
+
+def capture_checks(cuda: bool = True) -> tuple[Callable[[], bool] | None, Callable[[], Any] | None]:
+    """``(compiling, capturing)``, for the C hot path: each a cheap ``() -> bool``, or None where it cannot be.
+
+    *compiling* is ``torch.compiler.is_compiling`` (torch.compile's tracer knows it, and sees True), to
+    call in Python *before* any C code, which the tracer could not follow. *capturing*: torch's C call
+    behind ``torch.cuda.is_current_stream_capturing``, when the Monitor times with CUDA.
+    """
+    if "torch" not in sys.modules:
+        return None, None
+    import torch
+
+    compiler = getattr(torch, "compiler", None)
+    compiling = getattr(compiler, "is_compiling", None) if compiler is not None else None
+    capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) if cuda else None
+    return compiling, capturing
 
 
 def _never() -> bool:

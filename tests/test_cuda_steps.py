@@ -23,6 +23,8 @@ MODEL = ModelSpec.named("llama-3-8b")
 HW = HardwareSpec(name="test-gpu", memory_bandwidth=4.8e12, flops={"bf16": 1e15})
 STEP = "perfsdk_step_seconds"
 
+pytestmark = pytest.mark.usefixtures("each_hot_path")  # the C step wrappers and the Python reference
+
 
 class Ev:
     def __init__(self, n: int) -> None:
@@ -102,6 +104,7 @@ def wire(h: MonitorHarness, gpu: FakeGpu, capacity: int = 64, chain_gap_us: floa
     mon._pool_pop = pool._free.popleft
     mon._stream, mon._record_on, mon._raise_for = gpu.make_stream(), gpu.make_record_on(), gpu.raise_for
     mon._chain_gap_ns = int(chain_gap_us * 1000)
+    mon._bind_hot()
     return pool
 
 
@@ -190,7 +193,7 @@ def test_an_exhausted_pool_counts_steps_without_timing_them_and_recovers() -> No
         assert collector is not None
         collector.stop(5)  # nothing is read back meanwhile: the pool runs dry
         steps(h, gpu, clock, [1.0] * 5, host_gap_s=1e-3)
-        assert h.monitor._untimed_pool_empty == 4  # one step fits in 3 events while none come back
+        assert h.monitor._drops()[1] == 4  # one step fits in 3 events while none come back
         assert pool.in_use <= 3
         from perfsdk.collector import Collector
 
@@ -362,10 +365,12 @@ def test_failing_nvtx_pop_or_event_creation_loses_no_event() -> None:
             raise RuntimeError("nvtx exploded")
 
         mon._nvtx_on, mon._nvtx_push, mon._nvtx_pop = True, (lambda *a: None), bad_pop  # type: ignore[method-assign]
+        mon._bind_hot()
         steps(h, gpu, clock, [1.0] * 5, host_gap_s=1e-3)
         assert mon.flush(5)
         assert h.count(STEP, phase="decode") == 5  # a failing NVTX pop does not cost the step its time
         mon._nvtx_on = False
+        mon._bind_hot()
         pool.reserve(len(pool._free) + 1)
         while len(pool._free) > 1:  # one free event: the end takes it, the start must be created
             pool._free.pop()

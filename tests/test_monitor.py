@@ -34,6 +34,8 @@ MFU = "perfsdk_step_flops_utilization"
 MODEL = ModelSpec.named("llama-3-8b")
 HW = HardwareSpec(name="test-gpu", memory_bandwidth=2e12, flops={"bf16": 500e12})
 
+pytestmark = pytest.mark.usefixtures("each_hot_path")  # the C step wrappers and the Python reference
+
 
 def test_counts_after_n_requests_match_exactly() -> None:
     tokens = [1, 2, 5, 9, 3]
@@ -237,11 +239,13 @@ def test_internal_failures_never_reach_the_server(caplog: pytest.LogCaptureFixtu
 
         real_push, real_on = mon._nvtx_push, mon._nvtx_on
         mon._nvtx_push, mon._nvtx_on = broken_nvtx, True  # type: ignore[method-assign]
+        mon._bind_hot()
         with caplog.at_level(logging.ERROR, logger="perfsdk"):
             for _ in range(3):
                 with mon.decode(batch=1):
                     ran = True
         mon._nvtx_push, mon._nvtx_on = real_push, real_on  # type: ignore[method-assign]
+        mon._bind_hot()
         assert ran
         assert h.value("perfsdk_internal_errors_total") == 3
         assert sum("nvtx exploded" in r.getMessage() or "internal error" in r.getMessage()
@@ -359,16 +363,48 @@ def test_phase_object_can_be_reused_and_nested() -> None:
         assert h.sum(STEP, phase="decode") == pytest.approx(0.002 + 0.006 + 0.004)
 
 
-def test_capture_or_compile_makes_wrappers_noops() -> None:
+def test_graph_capture_makes_wrappers_noops() -> None:
     with monitor_harness() as h:
-        h.monitor._capturing = lambda: True  # what capture_check() reports inside graph capture
-        with h.monitor.decode(batch=1):
+        mon = h.monitor
+        # what the capture checks report inside CUDA-graph capture (the Python path's and the C path's)
+        mon._capturing = mon._cuda_capturing = lambda: True
+        mon._bind_hot()
+        with mon.decode(batch=1):
             pass
+        assert mon.flush(5)
         assert h.count(STEP, phase="decode") == 0
-        h.monitor._capturing = lambda: False
-        with h.monitor.decode(batch=1):
+        mon._capturing = mon._cuda_capturing = lambda: False
+        mon._bind_hot()
+        with mon.decode(batch=1):
             pass
         assert h.count(STEP, phase="decode") == 1
+
+
+@pytest.mark.parametrize("form", ["with", "decorator"])
+def test_torch_compile_traces_through_the_wrappers_as_noops(form: str) -> None:
+    """torch.compile(fullgraph=True) of a step wrapped by perfsdk: no graph break, and nothing recorded
+    for the traced call; the same function run eagerly is a step."""
+    torch = pytest.importorskip("torch")
+    with monitor_harness() as h:
+        mon = h.monitor
+        if form == "with":
+            def step(x: Any) -> Any:
+                with mon.decode(batch=2, context_tokens=8):
+                    return x * 2 + 1
+        else:
+            @mon.decode(batch=lambda x: x.shape[0])
+            def step(x: Any) -> Any:
+                return x * 2 + 1
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="eager", fullgraph=True)  # a graph break would raise
+        for _ in range(3):
+            assert torch.equal(compiled(torch.ones(4)), torch.full((4,), 3.0))
+        assert mon.flush(5)
+        assert h.count(STEP, phase="decode") == 0
+        step(torch.ones(4))
+        assert mon.flush(5)
+        assert h.count(STEP, phase="decode") == 1
+        assert mon.stats()["internal_errors"] == 0
 
 
 def test_capture_check_is_real_torch() -> None:

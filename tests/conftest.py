@@ -1,0 +1,20 @@
+"""Shared fixtures.
+
+``each_hot_path``: run a test once with the step wrappers in C (``perfsdk._hotpath``) and once in
+Python (``perfsdk.monitor.Phase``), the two implementations of one algorithm. A module opts in with
+``pytestmark = pytest.mark.usefixtures("each_hot_path")``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from perfsdk.monitor import _load_hotpath
+
+
+@pytest.fixture(params=["c", "python"])
+def each_hot_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "c" and _load_hotpath() is None:
+        pytest.skip("perfsdk._hotpath is not built here (tests/test_hotpath.py fails for that in CI)")
+    monkeypatch.setenv("PERFSDK_HOT_PATH", request.param)
+    return request.param
