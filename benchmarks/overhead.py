@@ -624,6 +624,30 @@ def capture_safety(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: lis
         "internal_errors": st["internal_errors"], "cuda_events": mon.cuda_events}
     mon.close()
     print("== capture safety (perfsdk):", json.dumps(out["with_perfsdk_collector"]), flush=True)
+    # each hot path's capture check, alone: a step inside a capture records nothing, one outside is a step
+    for hot_path in ("c", "python"):
+        try:
+            m = make_monitor(spec, hw, holder, nvtx="auto", hot_path=hot_path if hot_path == "python" else None)
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                model.decode(tokens, pos)
+            torch.cuda.current_stream().wait_stream(s)
+            with torch.cuda.graph(g), m.decode(batch=1, context_tokens=ctx):
+                model.decode(tokens, pos)
+            m.flush(60)
+            inside = m.stats()["decode"]["steps"]
+            with m.decode(batch=1, context_tokens=ctx):
+                g.replay()
+            m.flush(60)
+            out[f"step_inside_capture_{hot_path}"] = {
+                "hot_path": m.hot_path, "steps_recorded_inside_capture": inside,
+                "steps_recorded_after": m.stats()["decode"]["steps"], "internal_errors": m.stats()["internal_errors"]}
+            m.close()
+        except Exception as e:
+            out[f"step_inside_capture_{hot_path}"] = {"error": repr(e)[:300]}
+        print(f"== step inside capture ({hot_path}):", json.dumps(out[f"step_inside_capture_{hot_path}"]), flush=True)
     return out
 
 

@@ -33,6 +33,7 @@
 #define STATE_SKIPPED 2
 
 typedef int (*record_fn_t)(void *event, void *stream);
+typedef int (*is_capturing_fn_t)(void *stream, int *status);  /* cuStreamIsCapturing */
 
 /* Keep the current exception aside while calling Python, then put it back. */
 typedef struct { PyObject *a, *b, *c; } saved_exc;
@@ -55,7 +56,7 @@ static inline void exc_restore(saved_exc s) {
 #endif
 }
 
-static PyObject *str_window, *str_hot, *str_step_begin, *str_step_end, *str_h, *str_qualname;
+static PyObject *str_hot, *str_step_begin, *str_step_end, *str_h, *str_qualname;
 static PyObject *str_enter_where, *str_exit_where, *str_nvtx_where, *str_step_tag, *empty_tuple;
 static PyTypeObject LastEndType, StepType, HotType;
 
@@ -139,7 +140,9 @@ typedef struct {
     PyObject_HEAD
     PyObject *mon;           /* the Monitor (its _window is read live: enable_profiler swaps it) */
     PyObject *clock;         /* () -> int ns; NULL: CLOCK_MONOTONIC, which is time.perf_counter_ns on Linux */
-    PyObject *capturing;     /* () -> bool, or NULL: no capture check */
+    PyObject *capturing;     /* () -> bool, or NULL: no capture check (or is_capturing_fn) */
+    is_capturing_fn_t is_capturing_fn;  /* cuStreamIsCapturing itself, asked about the step's stream */
+    PyObject *window;        /* the Monitor's profiler window or None (the Monitor sets it when it changes) */
     PyObject *stream;        /* () -> the current stream's handle */
     PyObject *record_on;     /* (event, stream) -> result (truthy: an error code); NULL when record_fn */
     record_fn_t record_fn;   /* cuEventRecord itself (events and streams are ints holding the handles) */
@@ -172,6 +175,7 @@ static int hot_traverse(Hot *self, visitproc visit, void *arg) {
     Py_VISIT(self->mon);
     Py_VISIT(self->clock);
     Py_VISIT(self->capturing);
+    Py_VISIT(self->window);
     Py_VISIT(self->stream);
     Py_VISIT(self->record_on);
     Py_VISIT(self->raise_for);
@@ -195,6 +199,7 @@ static int hot_clear(Hot *self) {
     Py_CLEAR(self->mon);
     Py_CLEAR(self->clock);
     Py_CLEAR(self->capturing);
+    Py_CLEAR(self->window);
     Py_CLEAR(self->stream);
     Py_CLEAR(self->record_on);
     Py_CLEAR(self->raise_for);
@@ -224,17 +229,17 @@ static PyObject *opt(PyObject *o) { return (o == NULL || o == Py_None) ? NULL : 
 
 static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {
-        "mon", "clock", "capturing", "stream", "record_on", "record_fn", "raise_for", "pool_pop",
+        "mon", "clock", "capturing", "is_capturing_fn", "stream", "record_on", "record_fn", "raise_for", "pool_pop",
         "pool_acquire", "pool_release", "queue", "queue_cap", "local", "nvtx_on", "nvtx_push", "nvtx_pop",
         "errors_record", "orphan", "give_back", "decorate", "slow_step", "chain_gap_ns", "every", NULL};
     PyObject *mon, *clock, *capturing, *stream, *record_on, *raise_for, *pool_pop, *pool_acquire, *pool_release;
     PyObject *queue, *local, *nvtx_push, *nvtx_pop, *errors_record, *orphan, *give_back, *decorate, *slow_step;
-    unsigned long long record_fn;
+    unsigned long long record_fn, is_capturing_fn;
     Py_ssize_t queue_cap;
     int nvtx_on;
     long long chain_gap_ns, every;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "OOOOOKOOOOOnOpOOOOOOOLL:Hot", kwlist, &mon, &clock, &capturing, &stream, &record_on,
+            args, kw, "OOOKOOKOOOOOnOpOOOOOOOLL:Hot", kwlist, &mon, &clock, &capturing, &is_capturing_fn, &stream, &record_on,
             &record_fn, &raise_for, &pool_pop, &pool_acquire, &pool_release, &queue, &queue_cap, &local,
             &nvtx_on, &nvtx_push, &nvtx_pop, &errors_record, &orphan, &give_back, &decorate, &slow_step,
             &chain_gap_ns, &every))
@@ -253,6 +258,8 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->mon = Py_NewRef(mon);
     self->clock = opt(clock);
     self->capturing = opt(capturing);
+    self->is_capturing_fn = (is_capturing_fn_t)(uintptr_t)is_capturing_fn;
+    self->window = Py_NewRef(Py_None);
     self->stream = Py_NewRef(stream);
     self->record_on = record_fn ? NULL : opt(record_on);
     self->record_fn = (record_fn_t)(uintptr_t)record_fn;
@@ -376,12 +383,9 @@ static LastEnd *thread_last(Hot *hot) {
 
 /* The profiler window's hook, when a window is set and hot. */
 static int window_hook(Hot *hot, PyObject *name, PyObject *phase) {
-    PyObject *w = PyObject_GetAttr(hot->mon, str_window);
-    if (!w) return -1;
-    if (w == Py_None) {
-        Py_DECREF(w);
-        return 0;
-    }
+    PyObject *w = hot->window;
+    if (w == Py_None) return 0;
+    Py_INCREF(w);
     PyObject *flag = PyObject_GetAttr(w, str_hot);
     int on = flag ? PyObject_IsTrue(flag) : -1;
     Py_XDECREF(flag);
@@ -522,12 +526,14 @@ static int enter_timed(Step *self, Hot *hot) {
         Py_DECREF(end);
         return -1;
     }
-    PyObject *stream = PyObject_CallNoArgs(hot->stream);
+    PyObject *stream = self->stream;  /* fetched already by the capture check, or now */
     if (!stream) {
-        Py_DECREF(end);
-        return -1;
+        if (!(stream = PyObject_CallNoArgs(hot->stream))) {
+            Py_DECREF(end);
+            return -1;
+        }
+        self->stream = stream;
     }
-    Py_XSETREF(self->stream, stream);
     LastEnd *h = thread_last(hot);
     if (!h) {
         Py_DECREF(end);
@@ -569,7 +575,24 @@ static int enter_timed(Step *self, Hot *hot) {
 }
 
 static int enter_body(Step *self, Hot *hot) {
-    if (hot->capturing) {
+    if (hot->is_capturing_fn) {
+        /* the stream the step's events go on, asked directly (torch's check costs a runtime call more) */
+        PyObject *stream = PyObject_CallNoArgs(hot->stream);
+        if (!stream) return -1;
+        Py_XSETREF(self->stream, stream);
+        void *s = PyLong_AsVoidPtr(stream);
+        if (!s && PyErr_Occurred()) return -1;
+        int status = 0;
+        int code = hot->is_capturing_fn(s, &status);
+        if (code != 0) {
+            PyErr_Format(PyExc_RuntimeError, "cuStreamIsCapturing failed (%d)", code);
+            return -1;
+        }
+        if (status != 0) {  /* active, or invalidated: capture time either way */
+            self->state = STATE_SKIPPED;
+            return 0;
+        }
+    } else if (hot->capturing) {
         PyObject *r = PyObject_CallNoArgs(hot->capturing);
         if (!r) return -1;
         int cap = PyObject_IsTrue(r);
@@ -611,6 +634,7 @@ static PyObject *step_enter(Step *self, PyObject *Py_UNUSED(ignored)) {
         Py_DECREF(saved);
         if (rc < 0) return NULL;
         Py_CLEAR(self->ev);  /* the outer entry's events are not this entry's to give back */
+        Py_CLEAR(self->stream);
         self->state = STATE_IDLE;
     }
     if (enter_body(self, hot) < 0) {
@@ -822,6 +846,7 @@ static PyMethodDef hot_methods[] = {
 };
 
 static PyMemberDef hot_members[] = {
+    {"window", T_OBJECT_EX, offsetof(Hot, window), 0, "the Monitor's profiler window (None: none)"},
     {"last_exit", T_LONGLONG, offsetof(Hot, last_exit), READONLY, "exit number of the latest timed step"},
     {"dropped", T_LONGLONG, offsetof(Hot, dropped), READONLY, "steps dropped: the queue was full"},
     {"untimed", T_LONGLONG, offsetof(Hot, untimed), READONLY, "steps not timed: every event in flight"},
@@ -869,7 +894,6 @@ static struct PyModuleDef module = {
 #define INTERN(var, text) if (!(var = PyUnicode_InternFromString(text))) return NULL
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
-    INTERN(str_window, "_window");
     INTERN(str_hot, "hot");
     INTERN(str_step_begin, "step_begin");
     INTERN(str_step_end, "step_end");

@@ -19,11 +19,12 @@ class Step:
     def __call__(self, fn: Callable[..., Any], /) -> Callable[..., Any]: ...
 
 class Hot:
+    window: Any
     last_exit: int
     dropped: int
     untimed: int
     def __init__(self, *, mon: Any, clock: Callable[[], int] | None, capturing: Callable[[], Any] | None,
-                 stream: Callable[[], Any], record_on: Callable[[Any, Any], Any], record_fn: int,
+                 is_capturing_fn: int, stream: Callable[[], Any], record_on: Callable[[Any, Any], Any], record_fn: int,
                  raise_for: Callable[[int], None], pool_pop: Callable[[], Any] | None,
                  pool_acquire: Callable[[], Any] | None, pool_release: Callable[[Any], None] | None,
                  queue: Any, queue_cap: int, local: Any, nvtx_on: bool, nvtx_push: Callable[..., Any],

@@ -170,6 +170,14 @@ class DriverEvents:
         """The address of ``cuEventRecord`` itself, for the C hot path (``perfsdk._hotpath``) to call directly."""
         return int(ctypes.cast(self._record_fn, ctypes.c_void_p).value or 0)
 
+    def capture_check_address(self) -> int:
+        """The address of ``cuStreamIsCapturing``, for the C hot path's graph-capture check (0: none)."""
+        try:
+            py, _ = _libs()
+            return int(ctypes.cast(py.cuStreamIsCapturing, ctypes.c_void_p).value or 0)
+        except (OSError, AttributeError):
+            return 0
+
     def raise_for(self, code: int) -> None:
         """Raise :class:`CudaDriverError` for a failed record's result code."""
         self._check("cuEventRecord", code)

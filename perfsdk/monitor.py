@@ -774,16 +774,21 @@ class Monitor:
                 self._local = _ThreadSteps(self._orphan)
             return
         pool = self._pool
-        record_fn = 0
+        record_fn = is_capturing_fn = 0
         if pool is not None and self._record_on is pool.api.make_record_on():
+            # driver events: the C code calls cuEventRecord and cuStreamIsCapturing itself
             address = getattr(pool.api, "record_address", None)
             record_fn = address() if address is not None else 0
+            capture = getattr(pool.api, "capture_check_address", None)
+            if record_fn and capture is not None and self._cuda_capturing is not None:
+                is_capturing_fn = capture()
         if not isinstance(getattr(self._local, "h", None), hp.LastEnd):
             self._local = _ThreadSteps(self._orphan, hp.LastEnd)
         native_clock = self._clock is time.perf_counter_ns and sys.platform.startswith("linux")
         self._hot = hp.Hot(
             mon=self, clock=None if native_clock else self._clock,
-            capturing=self._cuda_capturing, stream=self._stream, record_on=self._record_on, record_fn=record_fn,
+            capturing=self._cuda_capturing, is_capturing_fn=is_capturing_fn, stream=self._stream,
+            record_on=self._record_on, record_fn=record_fn,
             raise_for=self._raise_for, pool_pop=self._pool_pop if pool is not None else None,
             pool_acquire=pool.acquire if pool is not None else None,
             pool_release=pool.release if pool is not None else None,
@@ -792,6 +797,7 @@ class Monitor:
             orphan=self._orphan, give_back=self._give_back, decorate=self._decorate_step,
             slow_step=self._slow_step, chain_gap_ns=self._chain_gap_ns, every=self._timing_every,
         )
+        self._hot.window = self._window
         self._new_step = self._hot.step
         if self._compile_check is not None:
             self._compiling = self._compile_check
@@ -972,6 +978,8 @@ class Monitor:
             raise ConfigError("enable_profiler: a capture is in progress; change settings once it has finished")
         new = ProfilerWindow(self, **config)  # validate before dropping the old window
         old, self._window = self._window, new
+        if self._hot is not None:
+            self._hot.window = new  # the C hot path's copy
         if old is not None:
             old.close()
         return new
