@@ -175,6 +175,8 @@ class Collector(threading.Thread):
                     self._first_token(rec[1])
                 elif tag == "r":
                     self._finish(rec[1])
+                elif tag == "o":
+                    self._measured(rec)
                 elif tag == "x":
                     try:
                         self._resolve_pending(block=True, all_=True)
@@ -377,6 +379,41 @@ class Collector(threading.Thread):
                 end_ns=mon.epoch_ns(end), input_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
                 finish_reason=req.finish_reason or "stop", error=req.error, ttft_s=ttft, queue_s=queue,
                 request_id=req.request_id,
+            )
+
+    def _measured(self, rec: tuple[Any, ...]) -> None:
+        """Values an engine measured itself (Monitor.record_latencies / record_finished)."""
+        mon = self._mon
+        prom = mon._prom
+        if rec[1] == "latencies":
+            if prom is not None:
+                for v in rec[2]:
+                    if v >= 0:
+                        prom.ttft.observe(v)
+                for v in rec[3]:
+                    if v >= 0:
+                        prom.itl.observe(v)
+            return
+        (_, _, end, e2e, queue, prefill, ttft, tpot, prompt, output, reason, error, request_id) = rec
+        if ttft is None and queue is not None and prefill is not None:
+            ttft = queue + prefill
+        if tpot is None and ttft is not None and output > 1:
+            tpot = (e2e - ttft) / (output - 1)
+        if prom is not None:
+            if queue is not None and queue >= 0:
+                prom.queue.observe(queue)
+            if tpot is not None and tpot >= 0 and output > 1:
+                prom.tpot.observe(tpot)
+            if e2e >= 0:
+                prom.duration.observe(e2e)
+        if mon._otel is not None:
+            start = end - round(e2e * 1e9)
+            mon._otel.request(
+                operation=mon.operation, model=mon.model_name, parent=None, start_ns=mon.epoch_ns(start),
+                scheduled_ns=mon.epoch_ns(start + round(queue * 1e9)) if queue is not None else None,
+                first_token_ns=mon.epoch_ns(start + round(ttft * 1e9)) if ttft is not None else None,
+                end_ns=mon.epoch_ns(end), input_tokens=prompt, output_tokens=output, finish_reason=reason,
+                error=error, ttft_s=ttft, queue_s=queue, request_id=request_id,
             )
 
     def _export_health(self) -> None:

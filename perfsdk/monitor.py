@@ -88,6 +88,8 @@ STEP = "s"
 FIRST_TOKEN = "f"
 FINISH = "r"
 FLUSH = "x"
+MEASURED = "o"  # values measured elsewhere (an engine's own timers): see Monitor.record_latencies/record_finished
+_PHASES = ("prefill", "decode", "mixed")
 
 _UNSET: Any = object()
 _FINISH_LOCK = threading.Lock()  # finish() is once per request; a lock per request would cost more than one
@@ -900,6 +902,51 @@ class Monitor:
         if self._compiling():  # torch.compile traces this call: the Python Phase, a no-op there
             return Phase(self, "mixed", decode_batch, None, context_tokens, prefill_seq_lens)
         return self._new_step("mixed", decode_batch, None, context_tokens, prefill_seq_lens)
+
+    # ---- values measured elsewhere ----------------------------------------
+    # For engines that time themselves (vLLM's and SGLang's stat loggers; perfsdk.engines): the values
+    # go through the same queue, collector, histograms and spans as those perfsdk measures.
+    def record_step(self, phase: str, seconds: float, *, batch: int = 1, tokens: int | None = None,
+                    context_tokens: int = 0, seq_lens: Sequence[int] | None = None,
+                    end_ns: int | None = None) -> None:
+        """A step someone else timed (*seconds*, ending now or at *end_ns*): counted, timed and costed
+        (bytes, FLOPs, MBU, MFU) like a step perfsdk timed itself. Sizes as in :meth:`prefill`,
+        :meth:`decode` and :meth:`mixed` (for ``"mixed"``: *batch* decoding sequences, *seq_lens* the
+        prefill chunks). Host time: an engine's step timer includes what its loop does around the GPU."""
+        if not self._enabled:
+            return
+        if phase not in _PHASES:
+            raise ConfigError(f"record_step: phase must be one of {_PHASES}, got {phase!r}")
+        if not seconds >= 0:  # also NaN
+            raise ConfigError(f"record_step: seconds must be >= 0, got {seconds!r}")
+        p = Phase(self, phase, batch, tokens, context_tokens, seq_lens)  # validates the sizes
+        if p._dynamic:
+            raise ConfigError("record_step: sizes must be values, not callables")
+        t1 = self._clock() if end_ns is None else end_ns
+        self._push((STEP, phase, t1 - round(seconds * 1e9), t1, None, p._batch, p._tokens, p._ctx, p._seq_lens,
+                    None))
+
+    def record_latencies(self, ttft_s: Sequence[float] = (), itl_s: Sequence[float] = ()) -> None:
+        """Times to first token and inter-token gaps (seconds) someone else measured, for the histograms."""
+        if self._enabled and (ttft_s or itl_s):
+            self._push((MEASURED, "latencies", tuple(ttft_s), tuple(itl_s)))
+
+    def record_finished(self, *, e2e_s: float, queue_s: float | None = None, prefill_s: float | None = None,
+                        ttft_s: float | None = None, tpot_s: float | None = None, prompt_tokens: int = 0,
+                        output_tokens: int = 0, finish_reason: str = "stop", error: str | None = None,
+                        request_id: str | None = None, end_ns: int | None = None) -> None:
+        """A finished request someone else timed (seconds; it ended now or at *end_ns*).
+
+        Observed: request duration (*e2e_s*), queue time, and time per output token (*tpot_s*, or
+        ``(e2e - ttft) / (output_tokens - 1)`` when only *ttft_s* is given). TTFT itself is not observed
+        here (engines report it as it happens: :meth:`record_latencies`); *ttft_s*, or *queue_s* +
+        *prefill_s*, places the first token in the request's span.
+        """
+        if not self._enabled:
+            return
+        end = self._clock() if end_ns is None else end_ns
+        self._push((MEASURED, "finished", end, float(e2e_s), queue_s, prefill_s, ttft_s, tpot_s, int(prompt_tokens),
+                    int(output_tokens), finish_reason, error, request_id))
 
     # ---- control -------------------------------------------------------
     def flush(self, timeout: float | None = 10.0) -> bool:

@@ -660,3 +660,40 @@ def test_numpy_sequence_lengths_in_mixed_and_prefill_steps() -> None:
         assert h.value("perfsdk_step_tokens_total", phase="mixed") == 194
         assert h.value("perfsdk_step_tokens_total", phase="prefill") == 48
         assert h.value("perfsdk_internal_errors_total") == 0
+
+
+def test_values_measured_elsewhere_go_through_the_same_metrics_and_spans() -> None:
+    """record_step / record_latencies / record_finished: what an engine's own timers measured."""
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        mon = h.monitor
+        mon.record_step("decode", 0.02, batch=8, context_tokens=8000)
+        mon.record_step("prefill", 0.05, tokens=1000, batch=2, seq_lens=[600, 400])
+        mon.record_step("mixed", 0.03, batch=4, context_tokens=100, seq_lens=[256])
+        mon.record_latencies(ttft_s=[0.1, 0.2], itl_s=[0.01, 0.02, 0.03])
+        mon.record_finished(e2e_s=1.5, queue_s=0.25, prefill_s=0.15, prompt_tokens=10, output_tokens=11,
+                            finish_reason="length", request_id="r1")
+        mon.record_finished(e2e_s=0.5, tpot_s=0.04, output_tokens=5)
+        assert mon.flush(5)
+        assert h.count(STEP, phase="decode") == 1 and h.sum(STEP, phase="decode") == pytest.approx(0.02)
+        assert h.count(STEP, phase="prefill") == 1 and h.count(STEP, phase="mixed") == 1
+        assert h.sum(MBU, phase="decode") == pytest.approx(budget.decode_step_bytes(MODEL, 8000) / (0.02 * 2e12))
+        assert h.sum(MFU, phase="prefill") == pytest.approx(budget.prefill_flops(MODEL, [600, 400]) / (0.05 * 500e12))
+        assert h.count(TTFT) == 2 and h.sum(TTFT) == pytest.approx(0.3)
+        assert h.count(ITL) == 3 and h.sum(ITL) == pytest.approx(0.06)
+        assert h.count(E2E) == 2 and h.sum(E2E) == pytest.approx(2.0)
+        assert h.count(QUEUE) == 1 and h.sum(QUEUE) == pytest.approx(0.25)
+        # first request: ttft = queue + prefill = 0.4, tpot = (1.5 - 0.4) / 10; second: given
+        assert h.count(TPOT) == 2 and h.sum(TPOT) == pytest.approx(0.11 + 0.04)
+        spans = [s for s in h.spans() if s.attributes.get("gen_ai.response.finish_reasons") == ("length",)]
+        assert len(spans) == 1
+        span = spans[0]
+        assert (span.end_time - span.start_time) / 1e9 == pytest.approx(1.5)
+        assert span.attributes["gen_ai.usage.output_tokens"] == 11
+        assert span.attributes["gen_ai.server.time_to_first_token"] == pytest.approx(0.4)
+        with pytest.raises(ConfigError, match="phase"):
+            mon.record_step("verify", 0.01)
+        with pytest.raises(ConfigError, match="seconds"):
+            mon.record_step("decode", float("nan"))
+        with pytest.raises(ConfigError, match="batch"):
+            mon.record_step("decode", 0.01, batch=-1)
