@@ -30,6 +30,11 @@ decode or mixed step (device clock: what the GPU did)::
     @mon.decode(batch=lambda ids, **_: ids.shape[0])    # decorator: values from the call's arguments
     def decode_step(ids, ...): ...
 
+    # values an engine measured itself (perfsdk.engines.vllm does this for vLLM)
+    mon.record_step("decode", 0.021, batch=8, context_tokens=8192)
+    mon.record_latencies(ttft_s=[0.12], itl_s=[0.021, 0.020])
+    mon.record_finished(e2e_s=1.9, queue_s=0.01, prefill_s=0.11, output_tokens=90)
+
     mon.flush()                                         # everything recorded so far is exported
     mon.close()
 
@@ -39,7 +44,9 @@ attached, and one append to a bounded queue; the collector thread
 (:mod:`perfsdk.collector`) computes and exports. Nothing here waits for the
 GPU, and nothing here raises into serving code except the user's own
 exceptions (which propagate unchanged and are recorded as errors) and
-configuration mistakes at construction.
+configuration mistakes at construction. Where perfsdk's C extension is built,
+the step wrappers' enter/exit run in C (``perfsdk/_hotpath.c``; :class:`Phase`
+below is the same algorithm in Python, and the fallback).
 
 ``perfsdk.Monitor()`` with no arguments works: host timers (or CUDA events
 when torch is already imported and sees a GPU), MBU/MFU off with one warning
