@@ -12,8 +12,11 @@
  *
  * Everything that is not the steady path calls back into Python: validation
  * of odd sizes, the decorator, the profiler window's hooks, error recording,
- * orphaned events. Nothing here releases the GIL, so the counters below need
- * no lock and a step boundary is never a point where another thread cuts in.
+ * orphaned events. Nothing here releases the GIL itself, so the counters below
+ * need no lock; with driver events nothing between a step's end record and its
+ * exit number runs Python either. A Python record (torch's events release the
+ * GIL) can let another thread step in between: the exit numbers detect that,
+ * and the next step then records a fresh start instead of chaining.
  *
  * Types:
  *   Hot      one per Monitor: the callables and counters the hot path uses,
@@ -62,6 +65,10 @@ static PyTypeObject LastEndType, StepType, HotType;
 
 /* ------------------------------------------------------------------ LastEnd */
 
+/* Take the thread's held end event (a new reference), or NULL; None set from Python means none too. */
+#define LASTEND_TAKE(h, out) do { (out) = (h)->ev; (h)->ev = NULL; \
+    if ((out) == Py_None) { Py_DECREF(out); (out) = NULL; } } while (0)
+
 typedef struct {
     PyObject_HEAD
     PyObject *ev;      /* the end event of this thread's last timed step, or NULL */
@@ -103,7 +110,7 @@ static void lastend_dealloc(LastEnd *self) {
     PyObject_GC_UnTrack(self);
     /* the thread ended (its threading.local went): the Monitor gives the event back once the
        collector has read past the step that ended with it */
-    if (self->ev && self->orphan) {
+    if (self->ev && self->ev != Py_None && self->orphan) {
         saved_exc saved = exc_save();
         PyObject *r = PyObject_CallOneArg(self->orphan, self->ev);
         if (r) Py_DECREF(r); else PyErr_Clear();
@@ -384,7 +391,7 @@ static LastEnd *thread_last(Hot *hot) {
 /* The profiler window's hook, when a window is set and hot. */
 static int window_hook(Hot *hot, PyObject *name, PyObject *phase) {
     PyObject *w = hot->window;
-    if (w == Py_None) return 0;
+    if (w == NULL || w == Py_None) return 0;
     Py_INCREF(w);
     PyObject *flag = PyObject_GetAttr(w, str_hot);
     int on = flag ? PyObject_IsTrue(flag) : -1;
@@ -411,22 +418,41 @@ typedef struct {
     PyObject *outer;   /* a list of (state, t0, ev, stream) of enclosing entries when re-entered, or NULL */
 } Step;
 
+static int step_traverse(Step *self, visitproc visit, void *arg) {
+    Py_VISIT(self->hot);
+    Py_VISIT(self->batch);
+    Py_VISIT(self->tokens);
+    Py_VISIT(self->ctx);
+    Py_VISIT(self->seq_lens);
+    Py_VISIT(self->ev);
+    Py_VISIT(self->stream);
+    Py_VISIT(self->outer);
+    return 0;
+}
+
+static int step_clear(Step *self) {
+    Py_CLEAR(self->hot);
+    Py_CLEAR(self->phase);
+    Py_CLEAR(self->batch);
+    Py_CLEAR(self->tokens);
+    Py_CLEAR(self->ctx);
+    Py_CLEAR(self->seq_lens);
+    Py_CLEAR(self->ev);
+    Py_CLEAR(self->stream);
+    Py_CLEAR(self->outer);
+    return 0;
+}
+
 static void step_dealloc(Step *self) {
-    Py_XDECREF(self->hot);
-    Py_XDECREF(self->phase);
-    Py_XDECREF(self->batch);
-    Py_XDECREF(self->tokens);
-    Py_XDECREF(self->ctx);
-    Py_XDECREF(self->seq_lens);
-    Py_XDECREF(self->ev);
-    Py_XDECREF(self->stream);
-    Py_XDECREF(self->outer);
-    PyObject_Free(self);
+    PyObject_GC_UnTrack(self);
+    step_clear(self);
+    PyObject_GC_Del(self);
 }
 
 static Step *step_make(Hot *hot, PyObject *phase, PyObject *batch, PyObject *tokens, PyObject *ctx,
                        PyObject *seq_lens) {
-    Step *s = PyObject_New(Step, &StepType);
+    /* a GC type: a user may keep a step where it closes a cycle back to the Monitor */
+    Step *s = PyObject_GC_New(Step, &StepType);
     if (!s) return NULL;
     s->hot = (Hot *)Py_NewRef(hot);
     s->phase = Py_NewRef(phase);
@@ -439,6 +465,7 @@ static Step *step_make(Hot *hot, PyObject *phase, PyObject *batch, PyObject *tok
     s->ev = NULL;
     s->stream = NULL;
     s->outer = NULL;
+    PyObject_GC_Track(s);
     return s;
 }
 
@@ -465,6 +492,15 @@ static void step_abandon(Step *self) {
     Py_XDECREF(ev);
 }
 
+/* Hand a failed exit's events to Monitor._give_back, keeping the exception that is being raised. */
+static void give_back_keeping_error(Hot *hot, PyObject *ev) {
+    saved_exc saved = exc_save();
+    PyObject *r = PyObject_CallOneArg(hot->give_back, ev);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    exc_restore(saved);
+}
+
 static int set_ev(Step *self, PyObject *a, PyObject *b, PyObject *c) {
     PyObject *t = PyTuple_Pack(3, a, b, c);
     if (!t) return -1;
@@ -486,9 +522,9 @@ static int start_fresh(Step *self, Hot *hot, PyObject *end, PyObject *stream, La
         return 0;
     }
     int rc;
-    PyObject *last = h->ev;
+    PyObject *last;
+    LASTEND_TAKE(h, last);
     if (last) {
-        h->ev = NULL;
         PyObject *others = PyTuple_Pack(1, last);
         Py_DECREF(last);
         rc = others ? set_ev(self, start, end, others) : -1;
@@ -547,7 +583,7 @@ static int enter_timed(Step *self, Hot *hot) {
     }
     self->t0 = now;
     self->state = STATE_OPEN;
-    PyObject *last = h->ev;
+    PyObject *last = h->ev == Py_None ? NULL : h->ev;
     int same = 0;
     if (last && h->seq == hot->last_exit && now - h->t1 < hot->chain_gap_ns && h->stream) {
         same = h->stream == stream ? 1 : PyObject_RichCompareBool(h->stream, stream, Py_EQ);
@@ -558,7 +594,7 @@ static int enter_timed(Step *self, Hot *hot) {
         }
     }
     if (same) {
-        h->ev = NULL;
+        LASTEND_TAKE(h, last);
         rc = set_ev(self, last, end, empty_tuple);
         Py_DECREF(last);
         if (rc < 0) {  /* the previous end is lost to the pool (no memory): stop the step, keep serving */
@@ -647,23 +683,41 @@ static PyObject *step_enter(Step *self, PyObject *Py_UNUSED(ignored)) {
 static int exit_body(Step *self, Hot *hot, long long t0, PyObject **evp, PyObject *stream, PyObject *exc_type) {
     PyObject *ev = *evp;
     long long t1;
-    if (now_ns(hot, &t1) < 0) return -1;
+    if (now_ns(hot, &t1) < 0) {
+        if (ev && PyTuple_Check(ev)) give_back_keeping_error(hot, ev);  /* the end was never recorded */
+        return -1;
+    }
     if (ev && PyTuple_Check(ev)) {
+        long long before = hot->exit_seq;
         if (record(hot, PyTuple_GET_ITEM(ev, 1), stream) < 0) {
+            give_back_keeping_error(hot, ev);
+            return -1;
+        }
+        LastEnd *h = thread_last(hot);
+        if (!h) {  /* recorded, but held by no one: given back once the collector has read past it */
             saved_exc saved = exc_save();
-            PyObject *r = PyObject_CallOneArg(hot->give_back, ev);
+            PyObject *start = PyTuple_GET_ITEM(ev, 0);
+            PyObject *head = start == Py_None ? PyTuple_Pack(1, PyTuple_GET_ITEM(ev, 1))
+                                              : PyTuple_Pack(2, start, PyTuple_GET_ITEM(ev, 1));
+            PyObject *all = head ? PySequence_Concat(head, PyTuple_GET_ITEM(ev, 2)) : NULL;
+            PyObject *r = all ? PyObject_Call(hot->orphan, all, NULL) : NULL;
             Py_XDECREF(r);
+            Py_XDECREF(all);
+            Py_XDECREF(head);
             PyErr_Clear();
             exc_restore(saved);
             return -1;
         }
-        LastEnd *h = thread_last(hot);
-        if (!h) return -1;
-        PyObject *inner = h->ev;  /* a nested step's end on this thread: given back after this step is read */
+        PyObject *inner;  /* a nested step's end on this thread: given back after this step is read */
+        LASTEND_TAKE(h, inner);
         h->ev = Py_NewRef(PyTuple_GET_ITEM(ev, 1));
         Py_XSETREF(h->stream, Py_NewRef(stream));
         h->t1 = t1;
-        h->seq = hot->last_exit = ++hot->exit_seq;
+        long long seq = ++hot->exit_seq;
+        /* another thread's step exited while the record ran (it released the GIL): its GPU work may sit
+           after this end event on the stream, so the next step must not start from it */
+        h->seq = seq == before + 1 ? seq : -1;
+        hot->last_exit = seq;
         Py_DECREF(h);
         if (inner) {
             PyObject *more = PyTuple_Pack(1, inner);
@@ -677,9 +731,12 @@ static int exit_body(Step *self, Hot *hot, long long t0, PyObject **evp, PyObjec
             ev = t;
         }
     } else if (ev == Py_False) {
+        hot->exit_seq++;     /* every exit is numbered: a timed step's exit can tell that one came between */
         hot->last_exit = 0;  /* an untimed step: the next timed one must not start before it */
     }
-    if (PyObject_Length(hot->queue) < hot->queue_cap) {
+    Py_ssize_t queued = PyObject_Length(hot->queue);
+    if (queued < 0) return -1;
+    if (queued < hot->queue_cap) {
         PyObject *rec = PyTuple_New(10);
         if (!rec) return -1;
         PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1);
@@ -813,8 +870,10 @@ static PyTypeObject StepType = {
     .tp_doc = "One prefill, decode or mixed step (perfsdk.Phase's semantics, in C): a context manager and a "
               "decorator. Made by Monitor.prefill/decode/mixed.",
     .tp_basicsize = sizeof(Step),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_dealloc = (destructor)step_dealloc,
+    .tp_traverse = (traverseproc)step_traverse,
+    .tp_clear = (inquiry)step_clear,
     .tp_call = (ternaryfunc)step_call,
     .tp_repr = (reprfunc)step_repr,
     .tp_methods = step_methods,
@@ -828,7 +887,8 @@ static PyObject *hot_step(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     PyObject *batch = args[1], *tokens = args[2], *ctx = args[3], *seq_lens = args[4];
-    if (plain_count(batch) && (tokens == Py_None || plain_count(tokens)) && plain_count(ctx) &&
+    if (PyUnicode_CheckExact(args[0]) && plain_count(batch) && (tokens == Py_None || plain_count(tokens)) &&
+        plain_count(ctx) &&
         (seq_lens == Py_None || PyTuple_CheckExact(seq_lens) || PyList_CheckExact(seq_lens)))
         return (PyObject *)step_make(self, args[0], batch, tokens, ctx, seq_lens);
     return PyObject_Vectorcall(self->slow_step, args, 5, NULL);
@@ -846,7 +906,7 @@ static PyMethodDef hot_methods[] = {
 };
 
 static PyMemberDef hot_members[] = {
-    {"window", T_OBJECT_EX, offsetof(Hot, window), 0, "the Monitor's profiler window (None: none)"},
+    {"window", T_OBJECT, offsetof(Hot, window), 0, "the Monitor's profiler window (None: none)"},
     {"last_exit", T_LONGLONG, offsetof(Hot, last_exit), READONLY, "exit number of the latest timed step"},
     {"dropped", T_LONGLONG, offsetof(Hot, dropped), READONLY, "steps dropped: the queue was full"},
     {"untimed", T_LONGLONG, offsetof(Hot, untimed), READONLY, "steps not timed: every event in flight"},

@@ -449,8 +449,14 @@ class Phase(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step r
                     mon._nvtx_pop()
                 except Exception as e:  # the step is still timed and counted
                     mon._errors.record(e, f"{self._phase}.__exit__ nvtx")
-            t1 = mon._clock()
+            try:
+                t1 = mon._clock()
+            except Exception:
+                if ev:
+                    mon._give_back(ev)  # the end was never recorded
+                raise
             if ev:
+                before = mon._exits
                 try:
                     r = mon._record_on(ev[1], stream)
                     if r:
@@ -461,10 +467,15 @@ class Phase(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step r
                 h = mon._local.h
                 inner = h.ev  # a nested step's end on this thread: given back after this step is read
                 h.ev, h.stream, h.t1 = ev[1], stream, t1
-                h.seq = mon._last_exit = next(mon._exit_seq)
+                seq = mon._exits = next(mon._exit_seq)
+                # another thread's step exited while the record ran (a record that releases the GIL): its
+                # GPU work may sit after this end event, so the next step must not start from it
+                h.seq = seq if seq == before + 1 else -1
+                mon._last_exit = seq
                 if inner is not None:
                     ev = (ev[0], ev[1], (*ev[2], inner))
             elif ev is False:
+                mon._exits = next(mon._exit_seq)  # every exit is numbered (see above)
                 mon._last_exit = 0  # an untimed step: the next timed one must not start before it
             q = mon._queue
             if len(q) < mon._queue_cap:
@@ -650,6 +661,7 @@ class Monitor:
         self._local = _ThreadSteps(self._orphan)
         self._exit_seq = itertools.count(1)  # numbers timed exits; a step chains only onto the latest one
         self._last_exit = 0
+        self._exits = 0  # the latest exit number handed out (timed or not)
         self._stream: Callable[[], int] = _no_stream
         self._record_on: Callable[[Any, int], Any] = _no_record_on
         self._raise_for: Callable[[int], None] = _no_raise
@@ -924,8 +936,8 @@ class Monitor:
             return
         if phase not in _PHASES:
             raise ConfigError(f"record_step: phase must be one of {_PHASES}, got {phase!r}")
-        if not seconds >= 0:  # also NaN
-            raise ConfigError(f"record_step: seconds must be >= 0, got {seconds!r}")
+        if not (isinstance(seconds, (int, float)) and 0 <= seconds < 1e9):  # also NaN and inf
+            raise ConfigError(f"record_step: seconds must be a finite number >= 0, got {seconds!r}")
         p = Phase(self, phase, batch, tokens, context_tokens, seq_lens)  # validates the sizes
         if p._dynamic:
             raise ConfigError("record_step: sizes must be values, not callables")
@@ -935,8 +947,8 @@ class Monitor:
 
     def record_latencies(self, ttft_s: Sequence[float] = (), itl_s: Sequence[float] = ()) -> None:
         """Times to first token and inter-token gaps (seconds) someone else measured, for the histograms."""
-        if self._enabled and (ttft_s or itl_s):
-            self._push((MEASURED, "latencies", tuple(ttft_s), tuple(itl_s)))
+        if self._enabled and (len(ttft_s) or len(itl_s)):
+            self._push((MEASURED, "latencies", _seconds(ttft_s), _seconds(itl_s)))
 
     def record_finished(self, *, e2e_s: float, queue_s: float | None = None, prefill_s: float | None = None,
                         ttft_s: float | None = None, tpot_s: float | None = None, prompt_tokens: int = 0,
@@ -951,9 +963,12 @@ class Monitor:
         """
         if not self._enabled:
             return
+        e2e = _finite(e2e_s)
+        if e2e is None:
+            raise ConfigError(f"record_finished: e2e_s must be a finite number >= 0, got {e2e_s!r}")
         end = self._clock() if end_ns is None else end_ns
-        self._push((MEASURED, "finished", end, float(e2e_s), queue_s, prefill_s, ttft_s, tpot_s, int(prompt_tokens),
-                    int(output_tokens), finish_reason, error, request_id))
+        self._push((MEASURED, "finished", end, e2e, _finite(queue_s), _finite(prefill_s), _finite(ttft_s),
+                    _finite(tpot_s), int(prompt_tokens), int(output_tokens), finish_reason, error, request_id))
 
     # ---- control -------------------------------------------------------
     def flush(self, timeout: float | None = 10.0) -> bool:
@@ -1045,6 +1060,20 @@ class Monitor:
 
 
 _NULL_REQUEST = _NullRequest()
+
+
+def _finite(v: Any) -> float | None:
+    """*v* as seconds when it is a finite number >= 0, else None (an engine's missing or odd value)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if 0 <= f < 1e9 else None
+
+
+def _seconds(values: Sequence[float]) -> tuple[float, ...]:
+    """The finite, non-negative values of *values*, as floats."""
+    return tuple(f for f in map(_finite, values) if f is not None)
 
 
 def _timing_never() -> bool:

@@ -346,6 +346,64 @@ def test_two_threads_on_one_stream_do_not_chain_across_each_other() -> None:
         assert secs == pytest.approx([0.002, 0.002, 0.003])
 
 
+def test_a_step_of_another_thread_during_the_end_record_breaks_the_chain() -> None:
+    """A record that releases the GIL (torch's events do) lets another thread run a whole step on the same
+    stream between this step's end record and its exit number; the next step must not start at that end."""
+    import threading
+
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = FakeGpu()
+        record_on = gpu.make_record_on()
+        cut_in = [False]
+
+        def record_releasing_the_gil(ev: Ev, stream: int) -> int:
+            r = record_on(ev, stream)
+            if cut_in[0]:
+                cut_in[0] = False
+                other = threading.Thread(target=steps, args=(h, gpu, clock, [5.0]))
+                other.start()
+                other.join()  # the other thread's 5 ms step runs inside this record
+            return r
+
+        gpu.make_record_on = lambda: record_releasing_the_gil  # type: ignore[method-assign]
+        wire(h, gpu)
+        steps(h, gpu, clock, [1.0])
+        with h.monitor.decode(batch=1, context_tokens=10):
+            gpu.now_ms += 1.0
+            cut_in[0] = True  # at this step's end record
+        steps(h, gpu, clock, [2.0])
+        assert h.monitor.flush(5)
+        secs = sorted(h.monitor._collector._stats["decode"].seconds)  # type: ignore[union-attr]
+        assert secs == pytest.approx([0.001, 0.001, 0.002, 0.005])  # not 0.007: no chain over the 5 ms
+
+
+def test_a_clock_failing_at_exit_gives_the_events_back() -> None:
+    class BrokenClock(FakeClock):
+        fail = False
+
+        def __call__(self) -> int:
+            if self.fail:
+                raise RuntimeError("clock source gone")
+            return self.now_ns
+
+    clock = BrokenClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = FakeGpu()
+        pool = wire(h, gpu, capacity=8)
+        for _ in range(5):
+            clock.advance(0.01)  # a fresh start each time: two events per step
+            with h.monitor.decode(batch=1):
+                clock.fail = True
+            clock.fail = False
+        assert h.monitor.stats()["internal_errors"] == 5
+        assert h.monitor.flush(5)
+        steps(h, gpu, clock, [1.0])
+        assert h.monitor.flush(5)
+        assert wait_until(lambda: pool.in_use == 1)  # all back but the last end, held for the next start
+        assert h.count(STEP, phase="decode") == 1
+
+
 def test_failing_nvtx_pop_or_event_creation_loses_no_event() -> None:
     clock = FakeClock()
     with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:

@@ -201,3 +201,40 @@ def test_a_thread_state_is_a_c_last_end_that_gives_its_event_back() -> None:
             pass
         assert mon.flush(5)
         assert wait_until(lambda: pool.in_use == 1)  # only this thread's last end
+
+
+@needs_c
+def test_odd_writes_to_the_c_state_do_not_crash() -> None:
+    """What Python code can do to the C objects' attributes is handled, not a crash."""
+    clock = FakeClock()
+    with monitor_harness(hot_path="c", clock=clock) as h:
+        gpu = FakeGpu()
+        wire(h, gpu)
+        mon = h.monitor
+        del mon._hot.window  # a member set to NULL
+        with mon.decode(batch=1):
+            pass
+        mon._hot.window = None
+        with mon.decode(batch=1):
+            pass
+        mon._local.h.ev = None  # "none held", written from Python
+        with mon.decode(batch=1):
+            pass
+        with pytest.raises(TypeError, match="str"):  # not a str: refused by the validating path
+            mon._hot.step(b"decode", 1, None, 0, None)
+        assert mon.flush(5)
+        assert h.count(STEP, phase="decode") == 3
+        assert mon.stats()["internal_errors"] == 0
+
+
+@needs_c
+def test_a_step_kept_in_a_cycle_with_its_monitor_is_collected() -> None:
+    import weakref
+
+    mon = perfsdk.Monitor(hot_path="c", prometheus=False, otel=False)
+    mon.idle_step = mon.decode(batch=1)  # type: ignore[attr-defined]  # Monitor -> Step -> Hot -> Monitor
+    mon.close()
+    ref = weakref.ref(mon)
+    del mon
+    gc.collect()
+    assert ref() is None

@@ -697,3 +697,32 @@ def test_values_measured_elsewhere_go_through_the_same_metrics_and_spans() -> No
             mon.record_step("decode", float("nan"))
         with pytest.raises(ConfigError, match="batch"):
             mon.record_step("decode", 0.01, batch=-1)
+
+
+def test_values_measured_elsewhere_skip_what_is_not_a_time() -> None:
+    class Array:  # an array whose truth value is ambiguous, as numpy's is
+        def __init__(self, *v: float) -> None:
+            self.v = v
+
+        def __len__(self) -> int:
+            return len(self.v)
+
+        def __iter__(self) -> Any:
+            return iter(self.v)
+
+        def __bool__(self) -> bool:
+            raise ValueError("ambiguous")
+
+    with monitor_harness() as h:
+        mon = h.monitor
+        mon.record_latencies(ttft_s=Array(0.1, float("nan")), itl_s=[0.01, None, -1.0, float("inf"), 0.02])  # type: ignore[list-item]
+        mon.record_finished(e2e_s=1.0, queue_s=float("nan"), ttft_s=float("inf"), output_tokens=3)
+        with pytest.raises(ConfigError, match="e2e_s"):
+            mon.record_finished(e2e_s=float("inf"))
+        with pytest.raises(ConfigError, match="seconds"):
+            mon.record_step("decode", float("inf"))
+        assert mon.flush(5)
+        assert h.count(TTFT) == 1 and h.count(ITL) == 2 and h.sum(ITL) == pytest.approx(0.03)
+        assert h.count(E2E) == 1 and h.count(QUEUE) == 0 and h.count(TPOT) == 0
+        assert mon.stats()["internal_errors"] == 0
+        assert len([s for s in h.spans() if s.parent is None]) == 1
