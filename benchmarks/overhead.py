@@ -881,7 +881,7 @@ def main() -> int:
     ap.add_argument("--out", default="overhead.json")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ctx", type=int, default=1024)
-    ap.add_argument("--only", choices=["synced-breakdown", "call-costs"], default=None,
+    ap.add_argument("--only", choices=["synced-breakdown", "call-costs", "capture-safety"], default=None,
                     help="run one experiment instead of the whole benchmark")
     ap.add_argument("--no-capture-control", dest="capture_control", action="store_false",
                     help="skip the control run (a thread breaking a CUDA-graph capture on purpose)")
@@ -903,6 +903,8 @@ def main() -> int:
             "perf_counter_ns": median_ns(time.perf_counter_ns, 20000)}}
         if args.only == "synced-breakdown":
             only["synced_breakdown"] = synced_breakdown(model, spec, hw, args.ctx, holder, args.reps)
+        elif args.only == "capture-safety":
+            only["capture_safety"] = capture_safety(model, spec, hw, args.ctx, holder)
         else:
             only["host_cost_ns"] = host_costs(spec, hw, device, holder)
             print("== host cost per call (ns):", json.dumps({k: round(v) for k, v in only["host_cost_ns"].items()}),
