@@ -571,6 +571,19 @@ def synced_breakdown(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: l
     return out
 
 
+def capture_with_step(model: Model, tokens: Tensor, pos: Tensor, mon: perfsdk.Monitor, ctx: int) -> Any:
+    """A CUDA graph of one decode step captured with ``mon.decode()`` around the captured work."""
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        model.decode(tokens, pos)  # warm-up off the capture stream, as torch's docs ask
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g), mon.decode(batch=1, context_tokens=ctx):
+        model.decode(tokens, pos)
+    return g
+
+
 def capture_safety(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: list[Any]) -> dict[str, Any]:
     """CUDA-graph capture while perfsdk's collector is busy on another thread.
 
@@ -600,15 +613,7 @@ def capture_safety(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: lis
     steps_before = mon.stats()["decode"]["steps"]
     for _ in range(10):
         try:
-            g = torch.cuda.CUDAGraph()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                model.decode(tokens, pos)
-            torch.cuda.current_stream().wait_stream(s)
-            # mon.decode inside the capture: must do nothing
-            with torch.cuda.graph(g), mon.decode(batch=1, context_tokens=ctx):
-                model.decode(tokens, pos)
+            g = capture_with_step(model, tokens, pos, mon, ctx)  # mon.decode inside: must do nothing
             g.replay()
             torch.cuda.synchronize()
             ok += 1
@@ -628,14 +633,7 @@ def capture_safety(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: lis
     for hot_path in ("c", "python"):
         try:
             m = make_monitor(spec, hw, holder, nvtx="auto", hot_path=hot_path if hot_path == "python" else None)
-            g = torch.cuda.CUDAGraph()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                model.decode(tokens, pos)
-            torch.cuda.current_stream().wait_stream(s)
-            with torch.cuda.graph(g), m.decode(batch=1, context_tokens=ctx):
-                model.decode(tokens, pos)
+            g = capture_with_step(model, tokens, pos, m, ctx)
             m.flush(60)
             inside = m.stats()["decode"]["steps"]
             with m.decode(batch=1, context_tokens=ctx):
