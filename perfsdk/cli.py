@@ -34,6 +34,7 @@ _COMMANDS: tuple[str, ...] = (
     "perfsdk.bench.cli",
     "perfsdk.profiling.cli",
     "perfsdk.regress_cli",
+    "perfsdk.engines.sglang",
 )
 
 

@@ -19,7 +19,7 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   fi
 fi
 
-perfsdk_venv "dev,demo,otel,nvtx,bench"
+perfsdk_venv "dev,demo,otel,nvtx,bench,sglang"
 
 echo "== ruff"
 "$PY" -m ruff check .
@@ -39,5 +39,8 @@ fi
 # The engine integrations, each against its real engine package in its own venv. Arguments given above
 # select tests of the main suite only.
 if [ "$#" = 0 ]; then
-  bash scripts/test_vllm.sh
+  engines_rc=0
+  bash scripts/test_vllm.sh || engines_rc=1
+  bash scripts/test_sglang.sh || engines_rc=1
+  exit "$engines_rc"
 fi

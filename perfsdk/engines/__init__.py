@@ -1,4 +1,5 @@
-"""perfsdk inside LLM engines that time themselves: vLLM (:mod:`perfsdk.engines.vllm`).
+"""perfsdk with LLM engines that time themselves: vLLM (:mod:`perfsdk.engines.vllm`, a stat-logger plugin)
+and SGLang (:mod:`perfsdk.engines.sglang`, a subscriber to its forward-pass metrics: ``perfsdk sglang``).
 
 An engine already measures its steps and requests; these integrations hand those values to a
 :class:`perfsdk.Monitor` (``record_step``, ``record_latencies``, ``record_finished``), which adds what the
@@ -6,6 +7,7 @@ engine does not say — MBU and MFU against the exact GPU's floors, perfsdk's me
 engine's own, OpenTelemetry request spans, the Grafana dashboard and alerts in ``integrations/grafana`` —
 through each engine's public extension point, never by patching it.
 
-Each module imports its engine at import time: import it only where the engine is installed (the
-engine's plugin loader does). Without the engine it raises :class:`perfsdk.errors.MissingDependencyError`.
+:mod:`perfsdk.engines.vllm` imports vLLM at import time (vLLM's plugin loader imports it, in vLLM's
+process); without vLLM it raises :class:`perfsdk.errors.MissingDependencyError`.
+:mod:`perfsdk.engines.sglang` needs only ``pyzmq`` and ``msgspec`` (``perfsdk[sglang]``), not SGLang.
 """
