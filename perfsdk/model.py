@@ -42,7 +42,7 @@ from typing import Any
 
 from perfsdk.errors import ConfigError, UnknownModelError, suggest
 
-__all__ = ["KNOWN_MODELS", "ModelSpec", "dtype_bytes"]
+__all__ = ["KNOWN_MODELS", "ModelSpec", "dtype_bytes", "quantized_weight_dtype"]
 
 # bytes per element by dtype name; torch spellings ("torch.bfloat16") are accepted too
 _DTYPE_BYTES: dict[str, float] = {
@@ -51,6 +51,35 @@ _DTYPE_BYTES: dict[str, float] = {
     "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1, "uint8": 1,
     "int4": 0.5, "fp4": 0.5, "nvfp4": 0.5, "mxfp4": 0.5,
 }
+
+
+def quantized_weight_dtype(quantization_config: Mapping[str, Any] | Any | None) -> str | None:
+    """The stored weight dtype a Hugging Face ``quantization_config`` describes, or None (not quantized,
+    or a scheme not recognised). FP8 (``fp8``, ``fbgemm_fp8``, ModelOpt FP8), GPTQ/AWQ/Marlin with their
+    ``bits``, compressed-tensors' weight groups, bitsandbytes, MXFP4 and NVFP4."""
+    q = _as_dict(quantization_config) if quantization_config is not None else {}
+    if not q:
+        return None
+    method = str(q.get("quant_method") or q.get("quantization") or "").lower()
+    algo = str(q.get("quant_algo") or "").lower()
+    if method in ("fp8", "fbgemm_fp8", "ptpc_fp8") or algo == "fp8":
+        return "fp8"
+    if method in ("mxfp4",) or "mxfp4" in algo:
+        return "mxfp4"
+    if method in ("nvfp4", "modelopt_fp4") or "nvfp4" in algo:
+        return "nvfp4"
+    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "marlin", "exl2", "hqq", "quark") or "bits" in q:
+        bits = q.get("bits") or q.get("w_bit")
+        return {4: "int4", 8: "int8"}.get(int(bits)) if bits else None
+    if method == "bitsandbytes":
+        return "int4" if q.get("load_in_4bit") else ("int8" if q.get("load_in_8bit") else None)
+    if method == "compressed-tensors":
+        for group in (q.get("config_groups") or {}).values():
+            w = (group or {}).get("weights") or {}
+            bits, kind = w.get("num_bits"), str(w.get("type") or "int")
+            if bits in (4, 8):
+                return ("fp8" if bits == 8 else "fp4") if kind == "float" else f"int{bits}"
+    return None
 
 
 def dtype_bytes(dtype: str | Any) -> float:
@@ -158,7 +187,9 @@ class ModelSpec:
 
         Handles Llama, Mistral, Qwen2/Qwen3, Gemma/Gemma2 and GPT-NeoX layouts, and the Mixtral and
         Qwen-MoE mixture-of-experts layouts (active parameters; see the module docstring). ``dtype``
-        defaults to the config's ``torch_dtype`` (or ``dtype``), else bfloat16; ``kv_dtype`` to ``dtype``.
+        defaults to the stored weights' dtype: the quantized one its ``quantization_config`` describes
+        (:func:`quantized_weight_dtype`), else its ``torch_dtype`` (or ``dtype``), else bfloat16;
+        ``kv_dtype`` to the unquantized dtype.
         """
         cfg = _as_dict(config)
         text_cfg = cfg.get("text_config")
@@ -230,9 +261,13 @@ class ModelSpec:
         stored_active = layers * per_layer_active + embed + head + final_norm
         flops_params = stored_active - (0 if tied else embed)
 
-        dt = str(dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
+        act = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
+        # a quantized checkpoint stores its weights narrower than it computes (every weight counted at the
+        # quantized width: embeddings kept at 16 bits make this a slight underestimate)
+        quant = quantized_weight_dtype(cfg.get("quantization_config")) if dtype is None else None
+        dt = str(dtype or quant or act).removeprefix("torch.")
         wbytes = dtype_bytes(dt)
-        kvb = dtype_bytes(kv_dtype) if kv_dtype else wbytes
+        kvb = dtype_bytes(kv_dtype) if kv_dtype else (dtype_bytes(act) if quant else wbytes)
         return cls(
             params=float(flops_params),
             weight_bytes=float(stored_active) * wbytes,

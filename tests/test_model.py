@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from perfsdk.errors import ConfigError, UnknownModelError
@@ -118,3 +120,32 @@ def test_from_module_counts_torch_parameters() -> None:
     tied = torch.nn.ModuleDict({"emb": emb, "head": head})
     spec2 = ModelSpec.from_module(tied)
     assert spec2.total_params == 1600 and spec2.params == 1600
+
+
+
+@pytest.mark.parametrize(("qcfg", "dtype"), [
+    ({"quant_method": "fp8"}, "fp8"),
+    ({"quant_method": "awq", "bits": 4}, "int4"),
+    ({"quant_method": "gptq", "bits": 8}, "int8"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}},
+     "int4"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float"}}}},
+     "fp8"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "int4"),
+    ({"quant_method": "mxfp4"}, "mxfp4"),
+    ({"quant_method": "something-new"}, None),
+    ({}, None),
+    (None, None),
+])
+def test_quantized_checkpoints_are_sized_at_their_stored_width(qcfg: Any, dtype: str | None) -> None:
+    from perfsdk.model import quantized_weight_dtype
+
+    assert quantized_weight_dtype(qcfg) == dtype
+    base = ModelSpec.from_hf_config(KNOWN_MODELS["llama-3-8b"])
+    spec = ModelSpec.from_hf_config({**KNOWN_MODELS["llama-3-8b"], "quantization_config": qcfg})
+    if dtype is None:
+        assert spec.weight_bytes == base.weight_bytes
+    else:
+        assert spec.dtype == dtype
+        assert spec.weight_bytes == pytest.approx(base.weight_bytes * dtype_bytes(dtype) / 2)
+        assert spec.kv_bytes == base.kv_bytes  # the KV cache stays at the model's compute dtype

@@ -73,12 +73,13 @@ def test_the_subscriber_records_what_a_publisher_sends(tmp_path: Any) -> None:
         send(0, fpm(0.02, decode_reqs=8, decode_kv=8000), skip=3)  # three lost on the wire
         send(1, fpm(0.05, prefill_reqs=2, prefill_tokens=1000))
         send(1, fpm(0.02, decode_reqs=1, version=9))  # another schema: skipped
+        send(1, fpm(0.01, prefill_reqs=2))  # GPU time, no new tokens (DP-attention padding): nothing to cost
         deadline = time.monotonic() + 10
-        while (sub.steps < 2 or not sub._warned_version) and time.monotonic() < deadline:
+        while (sub.steps < 2 or not sub._warned_version or not sub.skipped) and time.monotonic() < deadline:
             time.sleep(0.01)
         sub.close()
         assert h.monitor.flush(5)
-        assert sub.steps == 2 and sub.lost == 3
+        assert sub.steps == 2 and sub.lost == 3 and sub.skipped == 1
         assert h.count(STEP, phase="decode") == 1 and h.count(STEP, phase="prefill") == 1
         assert h.sum("perfsdk_step_bandwidth_utilization", phase="decode") == pytest.approx(
             budget.decode_step_bytes(MODEL, 8000) / (0.02 * 4.8e12))
@@ -96,6 +97,18 @@ def test_bad_settings_are_config_errors() -> None:
             FpmSubscriber(h.monitor, "/tmp/no-scheme")
         with pytest.raises(ConfigError, match="dp_size"):
             FpmSubscriber(h.monitor, "ipc:///tmp/x", dp_size=0)
+        with pytest.raises(ConfigError, match="cannot connect"):
+            FpmSubscriber(h.monitor, "tcp://no-port")
+
+
+def test_a_terminated_context_ends_the_subscriber_quietly() -> None:
+    pytest.importorskip("zmq")
+    with monitor_harness() as h:
+        sub = FpmSubscriber(h.monitor, "ipc:///tmp/perfsdk-test-never-published")
+        sub._ctx.term()  # what another component terminating a shared context would do
+        sub._thread.join(5)
+        assert not sub._thread.is_alive()
+        assert h.monitor.stats()["internal_errors"] == 0
 
 
 def test_the_model_comes_from_a_name_or_a_config(tmp_path: Any) -> None:

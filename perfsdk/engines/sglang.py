@@ -8,8 +8,8 @@ message into a step with MBU and MFU against the GPU's datasheet::
 
     sglang serve --model-path meta-llama/Llama-3.1-8B-Instruct --enable-metrics \\
         --enable-forward-pass-metrics --forward-pass-metrics-ipc-name ipc:///tmp/sglang-fpm
-    perfsdk sglang --fpm ipc:///tmp/sglang-fpm --model meta-llama/Llama-3.1-8B-Instruct \\
-        --hardware h200 --port 9400        # --model: a known name, or a directory / config.json
+    perfsdk sglang --fpm ipc:///tmp/sglang-fpm --model /models/Llama-3.1-8B-Instruct \\
+        --hardware h200 --port 9400        # --model: the model directory or config.json, or a known name
 
 ``http://127.0.0.1:9400/metrics`` then carries ``perfsdk_step_seconds{phase}``,
 ``perfsdk_step_bandwidth_utilization`` (decode MBU), ``perfsdk_step_flops_utilization`` (prefill and
@@ -20,9 +20,13 @@ metrics on its ``/metrics`` (``--enable-metrics``). In Python: :class:`FpmSubscr
 The mapping (:func:`step_from_fpm`): prefill tokens and decode requests in one forward make a
 ``mixed`` step, either alone a ``prefill`` or ``decode`` step; the decode KV tokens are the decode
 steps' context, the prefill requests' cached prefix theirs. SGLang reports sums, so prefill tokens are
-split evenly over the prefill requests for the attention FLOPs. Messages with no GPU time (idle
-heartbeats, spans over several streams that SGLang drops) make no step; messages lost on the wire
-(ZMQ drops when a subscriber is slow) are counted from SGLang's sequence numbers.
+split evenly over the prefill requests for the attention FLOPs (their cached prefix adds KV bytes, not
+attention FLOPs: MFU of prefix-cached prefills is understated). Messages with no GPU time (idle
+heartbeats; SGLang drops spans over several streams) make no step; messages with GPU time but nothing
+perfsdk can cost (an extend batch that computed no new tokens, as with data-parallel attention's
+padding) are counted as ``skipped``; messages lost on the wire (ZMQ drops when a subscriber is slow)
+are counted from SGLang's sequence numbers. Speculative decoding: a decode step's batch is its request
+count, not the tokens it verified.
 
 Wire format: SGLang's ``ForwardPassMetrics`` (schema version 1) as msgpack maps, decoded by field name;
 another version is skipped with one warning. Needs ``pyzmq`` and ``msgspec`` (``perfsdk[sglang]``);
@@ -113,15 +117,21 @@ class FpmSubscriber:
         self.received = 0  # messages, heartbeats included
         self.steps = 0
         self.lost = 0  # gaps in SGLang's per-rank sequence numbers
+        self.skipped = 0  # GPU time, but nothing to cost
         self._last_seq: dict[bytes, int] = {}
         self._warned_version = False
         self._stop = threading.Event()
-        self._ctx = self._zmq.Context.instance()
+        self._ctx = self._zmq.Context()  # its own: another component terminating a shared one cannot stop it
         self._sock = self._ctx.socket(self._zmq.SUB)
         self._sock.setsockopt(self._zmq.SUBSCRIBE, b"")
         self._sock.setsockopt(self._zmq.RCVHWM, 100_000)
-        for ep in self.endpoints:
-            self._sock.connect(ep)
+        try:
+            for ep in self.endpoints:
+                self._sock.connect(ep)
+        except self._zmq.ZMQError as e:
+            self._sock.close(linger=0)
+            self._ctx.term()
+            raise ConfigError(f"endpoint: cannot connect to {ep!r}: {e}") from None
         self._thread = threading.Thread(target=self._run, name="perfsdk-sglang-fpm", daemon=True)
         if start:
             self._thread.start()
@@ -138,11 +148,14 @@ class FpmSubscriber:
                 self.handle(frames)
             except zmq.Again:
                 continue
+            except zmq.ContextTerminated:
+                break
             except Exception as e:  # a bad message never stops the subscriber
                 if self._stop.is_set():
                     break
                 self.monitor._errors.record(e, "sglang forward-pass metrics")
-        sock.close(linger=0)
+                time.sleep(0.01)  # a persistent fault must not spin a core
+        sock.close(linger=0)  # the context is close()'s to end (or already ended by whoever terminated it)
 
     def handle(self, frames: Sequence[bytes]) -> None:
         """One ZMQ message: ``(topic, 8-byte big-endian sequence number, msgpack payload)``."""
@@ -171,13 +184,17 @@ class FpmSubscriber:
             phase, seconds, sizes = step
             self.monitor.record_step(phase, seconds, **sizes)
             self.steps += 1
+        elif (msg.get("wall_time") or 0.0) > 0:
+            self.skipped += 1
 
     def close(self, timeout: float = 2.0) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
-        else:
+        if not self._sock.closed and not self._thread.is_alive():
             self._sock.close(linger=0)
+        if not self._ctx.closed and self._sock.closed:
+            self._ctx.term()
 
 
 # ---- perfsdk sglang ---------------------------------------------------------
@@ -217,6 +234,8 @@ def _run_cli(args: argparse.Namespace) -> int:
 
     import perfsdk
 
+    if args.tp < 1:
+        raise ConfigError(f"--tp: must be >= 1, got {args.tp}")
     spec = load_model(args.model, args.tp)
     mon = perfsdk.Monitor(model=spec, hardware=args.hardware, model_name=args.model_name or spec.name,
                           service="sglang", timing="host")
@@ -236,5 +255,6 @@ def _run_cli(args: argparse.Namespace) -> int:
     finally:
         sub.close()
         mon.close()
-    print(f"perfsdk sglang: {sub.steps} steps from {sub.received} messages ({sub.lost} lost on the wire)")
+    print(f"perfsdk sglang: {sub.steps} steps from {sub.received} messages ({sub.lost} lost on the wire, "
+          f"{sub.skipped} with nothing to cost; ranks heard: {len(sub._last_seq)} of {args.dp_size})")
     return 0

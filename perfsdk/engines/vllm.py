@@ -4,7 +4,8 @@ With perfsdk installed next to vLLM, ``vllm serve`` loads :class:`PerfsdkStatLog
 ``vllm.stat_logger_plugins`` entry point: nothing to change in the server. Ask vLLM for the per-step
 details that MBU and MFU need::
 
-    PERFSDK_HARDWARE=h200 vllm serve meta-llama/Llama-3.1-8B-Instruct --enable-logging-iteration-details
+    PERFSDK_HARDWARE=h200 vllm serve meta-llama/Llama-3.1-8B-Instruct \\
+        --enable-logging-iteration-details --no-async-scheduling --disable-log-stats
 
 ``/metrics`` (vLLM's own endpoint, which serves the default Prometheus registry) then carries perfsdk's
 metrics beside ``vllm:*``: ``perfsdk_step_bandwidth_utilization`` (MBU of decode steps) and
@@ -22,21 +23,27 @@ What vLLM reports, and how it is used (``vllm.v1.metrics.stats``):
 
 * ``SchedulerStats.iteration_details`` (only with ``--enable-logging-iteration-details``): each engine
   step's prefill ("context") and decode ("generation") requests and tokens, and its time
-  (``elapsed_ms``: the engine core's host clock around the step, so it includes what the engine does
-  around the GPU). One perfsdk step each: ``prefill``, ``decode``, or ``mixed`` when a step has both
-  (chunked prefill). The decode steps' KV-cache bytes need the running sequences' context lengths,
-  which vLLM does not report per step; perfsdk estimates their sum as
-  ``kv_cache_usage × KV blocks × block size`` (the blocks the running requests hold: at most one
-  partly filled block per sequence too many).
+  (``elapsed_ms``: the engine core's host clock from just after the step's work was submitted to the
+  GPU until its output was back). One perfsdk step each: ``prefill``, ``decode``, or ``mixed`` when a
+  step has both (chunked prefill). That time is a step's only without async scheduling
+  (``--no-async-scheduling``; vLLM 0.33 turns it on by default): with a batch queue, ``elapsed_ms``
+  covers only the wait for an earlier batch, so perfsdk records no steps then and says so once. The
+  decode steps' KV-cache bytes need the running sequences' context lengths, which vLLM does not report
+  per step; perfsdk estimates their sum as ``kv_cache_usage × the engine's KV-cache tokens`` (blocks
+  the running requests hold: at most one partly filled block per sequence too many; a prefix shared by
+  several requests is counted once).
 * ``IterationStats``: times to first token and inter-token latencies as they happen (vLLM measures one
   inter-token gap per request per step: with speculative decoding a gap can cover several tokens), and
   the requests that finished (duration, queue time, prefill time, time per output token).
 
 The model's sizes come from the Hugging Face config vLLM loaded, split per GPU for tensor parallelism;
-the hardware from ``PERFSDK_HARDWARE`` (a datasheet name) or detection. Other settings come from
-perfsdk's environment variables (``PERFSDK_ENABLED=0`` turns it off; ``VLLM_PLUGINS`` lists the vLLM
-plugins to load, when set). Nothing here can fail vLLM: errors are counted in
-``perfsdk_internal_errors_total`` and logged once.
+at its quantized width for quantized checkpoints; the hardware from ``PERFSDK_HARDWARE`` (a datasheet
+name) or detection. Other settings come from perfsdk's environment variables (``PERFSDK_ENABLED=0``
+mutes perfsdk; ``VLLM_PLUGINS``, when set, lists the vLLM plugins to load — with perfsdk loaded vLLM
+keeps its stats on even under ``--disable-log-stats``, which then only silences its console logger,
+and that is the way to avoid one log line per step that ``--enable-logging-iteration-details`` prints).
+Nothing here can fail vLLM: a bad setting is logged and leaves this logger inert, and errors while
+recording are counted in ``perfsdk_internal_errors_total`` and logged once.
 
 Not covered: the profiler window (vLLM's steps run in the engine-core process; use vLLM's own
 ``--profiler-config`` and ``perfsdk analyze`` on its trace), pipeline parallelism (the model is split by
@@ -112,7 +119,7 @@ def _hardware() -> Any:
 
 def _model_of(vllm_config: Any) -> tuple[Any, str | None]:
     """(the per-GPU ModelSpec or None, the served model name) of a VllmConfig."""
-    from perfsdk.model import ModelSpec
+    from perfsdk.model import ModelSpec, quantized_weight_dtype
 
     mc = getattr(vllm_config, "model_config", None)
     if mc is None:
@@ -120,10 +127,11 @@ def _model_of(vllm_config: Any) -> tuple[Any, str | None]:
     served = getattr(mc, "served_model_name", None)
     name = served[0] if isinstance(served, (list, tuple)) and served else served
     try:
-        dtype = str(getattr(mc, "dtype", "") or "").replace("torch.", "") or None
+        act = str(getattr(mc, "dtype", "") or "").replace("torch.", "") or None  # what the model computes in
+        quant = quantized_weight_dtype(getattr(mc.hf_config, "quantization_config", None))
         cache_dtype = str(getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto") or "auto")
-        kv_dtype = None if cache_dtype == "auto" else ("fp8" if cache_dtype.startswith("fp8") else cache_dtype)
-        spec = ModelSpec.from_hf_config(mc.hf_config, dtype=dtype, kv_dtype=kv_dtype)
+        kv_dtype = act if cache_dtype == "auto" else ("fp8" if cache_dtype.startswith("fp8") else cache_dtype)
+        spec = ModelSpec.from_hf_config(mc.hf_config, dtype=quant or act, kv_dtype=kv_dtype)
         if name:
             spec = dataclasses.replace(spec, name=str(name))
         tp = int(getattr(getattr(vllm_config, "parallel_config", None), "tensor_parallel_size", 1) or 1)
@@ -139,49 +147,75 @@ class PerfsdkStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untype
     def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
         self.engine_index = engine_index
         self._config = vllm_config
-        self.monitor = monitor_for(vllm_config)
+        self.monitor: Monitor | None = None
+        try:
+            self.monitor = monitor_for(vllm_config)
+        except Exception as e:  # a bad PERFSDK_* setting must not stop vLLM from starting
+            log.error("perfsdk: vLLM stat logger disabled: %s", e)
         details = getattr(getattr(vllm_config, "observability_config", None), "enable_logging_iteration_details",
                           False)
-        self._warned_no_steps = bool(details)
+        batches = getattr(vllm_config, "max_concurrent_batches", 1)
+        # with a batch queue (async scheduling, pipeline parallelism) elapsed_ms is not a step's time
+        self._steps_timed = isinstance(batches, int) and batches <= 1
+        self._warned_no_steps = bool(details) and self._steps_timed
 
     # ---- StatLoggerBase ----------------------------------------------
     def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                engine_idx: int = 0) -> None:
         mon = self.monitor
-        try:
-            if iteration_stats is not None:
-                self._iteration(mon, iteration_stats)
-            if scheduler_stats is not None:
+        if mon is None:
+            return
+        # each part guarded on its own: one odd value costs only itself (never raised into vLLM's loop)
+        if scheduler_stats is not None and self._steps_timed:
+            try:
                 details = getattr(scheduler_stats, "iteration_details", None)
                 if details is not None:
                     self._step(mon, details, scheduler_stats)
-        except Exception as e:  # never into vLLM's output loop
-            mon._errors.record(e, "vllm stat logger record")
+            except Exception as e:
+                mon._errors.record(e, "vllm stat logger step")
+        if iteration_stats is not None:
+            try:
+                ttft, itl = iteration_stats.time_to_first_tokens_iter, iteration_stats.inter_token_latencies_iter
+                if len(ttft) or len(itl):
+                    mon.record_latencies(ttft_s=ttft, itl_s=itl)
+            except Exception as e:
+                mon._errors.record(e, "vllm stat logger latencies")
+            for fr in iteration_stats.finished_requests:
+                try:
+                    self._finished(mon, fr)
+                except Exception as e:
+                    mon._errors.record(e, "vllm stat logger finished request")
 
     def log_engine_initialized(self) -> None:
-        if not self._warned_no_steps:
-            self._warned_no_steps = True
+        if self._warned_no_steps or self.monitor is None:
+            return
+        self._warned_no_steps = True
+        if not self._steps_timed:
+            log.warning("perfsdk: vLLM engine %d runs a batch queue (async scheduling or pipeline parallelism): "
+                        "the step time it reports is not a step's, so perfsdk records no steps, MBU or MFU; "
+                        "start vLLM with --no-async-scheduling for them (latency metrics work as they are)",
+                        self.engine_index)
+        else:
             log.warning("perfsdk: vLLM engine %d reports no per-step details, so perfsdk has no step time, MBU "
                         "or MFU; start vLLM with --enable-logging-iteration-details (latency metrics work as "
                         "they are)", self.engine_index)
 
     # ---- mapping -------------------------------------------------------
     @staticmethod
-    def _iteration(mon: Monitor, it: Any) -> None:
-        ttft, itl = it.time_to_first_tokens_iter, it.inter_token_latencies_iter
-        if ttft or itl:
-            mon.record_latencies(ttft_s=ttft, itl_s=itl)
-        for fr in it.finished_requests:
-            reason = _FINISH_REASONS.get(int(fr.finish_reason), str(fr.finish_reason).lower())
-            out = int(fr.num_generation_tokens)
-            mon.record_finished(
-                e2e_s=fr.e2e_latency, queue_s=fr.queued_time, prefill_s=fr.prefill_time,
-                tpot_s=fr.mean_time_per_output_token if out > 1 else None,
-                prompt_tokens=int(fr.num_prompt_tokens), output_tokens=out, finish_reason=reason,
-                error="vllm: request error" if reason == "error" else None, request_id=fr.request_id,
-            )
+    def _finished(mon: Monitor, fr: Any) -> None:
+        reason = _FINISH_REASONS.get(int(fr.finish_reason), str(fr.finish_reason).lower())
+        out = int(fr.num_generation_tokens)
+        e2e = float(fr.e2e_latency)
+        mon.record_finished(
+            e2e_s=max(e2e, 0.0), queue_s=fr.queued_time, prefill_s=fr.prefill_time,
+            # arrival to first token: the end less the decode (queue + prefill would miss the frontend's part)
+            ttft_s=max(e2e - float(fr.decode_time), 0.0),
+            tpot_s=fr.mean_time_per_output_token if out > 1 else None,
+            prompt_tokens=int(fr.num_prompt_tokens), output_tokens=out, finish_reason=reason,
+            error="vllm: request error" if reason == "error" else None, request_id=fr.request_id,
+        )
 
-    def _step(self, mon: Monitor, d: Any, stats: Any) -> None:
+    def _step(self, mon: Monitor, d: Any, stats: Any) -> None:  # one SchedulerIterationDetails
         if getattr(d, "is_dummy", False) or not d.elapsed_ms or d.elapsed_ms <= 0:
             return  # a data-parallel padding step, or one not timed
         seconds = d.elapsed_ms / 1e3
@@ -200,13 +234,17 @@ class PerfsdkStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untype
     def _context_tokens(self, stats: Any) -> int:
         """Sum of the running sequences' context lengths, estimated from the KV blocks in use."""
         cache: Any = getattr(self._config, "cache_config", None)
-        blocks = getattr(cache, "num_gpu_blocks", None)
         usage = getattr(stats, "kv_cache_usage", None)
-        if not blocks or usage is None:
+        if usage is None or cache is None:
             return 0
-        dp = int(getattr(getattr(self._config, "parallel_config", None), "data_parallel_size", 1) or 1)
-        # the API server holds the sum over data-parallel engines; usage is this engine's
-        return round(float(usage) * (int(blocks) / dp) * int(cache.block_size))
+        tokens = getattr(cache, "kv_cache_size_tokens", None)  # this engine's KV cache, in tokens
+        if not tokens:
+            blocks = getattr(cache, "num_gpu_blocks", None)  # the API server's sum over its engines
+            if not blocks:
+                return 0
+            dp = int(getattr(getattr(self._config, "parallel_config", None), "data_parallel_size", 1) or 1)
+            tokens = int(blocks) / dp * int(cache.block_size)
+        return round(float(usage) * float(tokens))
 
 
 def _split(tokens: int, requests: int) -> list[int]:

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from prometheus_client import REGISTRY  # noqa: E402
-from vllm.config import DeviceConfig, ModelConfig, ObservabilityConfig, VllmConfig  # noqa: E402
+from vllm.config import DeviceConfig, ModelConfig, ObservabilityConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason  # noqa: E402
 from vllm.v1.metrics.loggers import StatLoggerManager, load_stat_logger_plugin_factories  # noqa: E402
 from vllm.v1.metrics.stats import (  # noqa: E402
@@ -63,10 +63,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
     trace.set_tracer_provider(provider)
     model_dir = tmp_path_factory.mktemp("llama")
     (model_dir / "config.json").write_text(json.dumps(LLAMA))
-    cfg = VllmConfig(
+    cfg = VllmConfig(  # as `vllm serve ... --enable-logging-iteration-details --no-async-scheduling`
         model_config=ModelConfig(model=str(model_dir), served_model_name="tiny-llama", skip_tokenizer_init=True),
         device_config=DeviceConfig(device="cpu"),
         observability_config=ObservabilityConfig(enable_logging_iteration_details=True),
+        scheduler_config=SchedulerConfig(async_scheduling=False, max_model_len=4096, is_encoder_decoder=False),
     )
     cfg.cache_config.num_gpu_blocks = 1000  # what the engine core reports after profiling
     manager = StatLoggerManager(cfg, engine_idxs=[0], custom_stat_loggers=load_stat_logger_plugin_factories(),
@@ -186,13 +187,82 @@ def test_nothing_perfsdk_does_wrong_reaches_vllm(stack: Any, caplog: pytest.LogC
     with caplog.at_level(logging.ERROR, logger="perfsdk"):
         manager.record(SchedulerStats(iteration_details=broken), None, engine_idx=0)  # must not raise
     assert mon.stats()["internal_errors"] == errors + 1
-    assert "perfsdk internal error in vllm stat logger record" in caplog.text
+    assert "perfsdk internal error in vllm stat logger step" in caplog.text
 
 
 def test_without_iteration_details_it_says_what_to_turn_on(stack: Any, caplog: pytest.LogCaptureFixture) -> None:
     cfg, _, _ = stack
-    plain = VllmConfig(model_config=cfg.model_config, device_config=DeviceConfig(device="cpu"))
+    plain = VllmConfig(model_config=cfg.model_config, device_config=DeviceConfig(device="cpu"),
+                       scheduler_config=cfg.scheduler_config)
     with caplog.at_level(logging.WARNING, logger="perfsdk"):
         StatLoggerManager(plain, engine_idxs=[0], custom_stat_loggers=[perfsdk_vllm.PerfsdkStatLogger],
                           enable_default_loggers=False).log_engine_initialized()
     assert "--enable-logging-iteration-details" in caplog.text
+
+
+def test_with_a_batch_queue_no_step_times_are_taken(stack: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's async scheduling (its default) times only the wait for an earlier batch: no steps from it."""
+    cfg, _, mon = stack
+    queued = VllmConfig(model_config=cfg.model_config, device_config=DeviceConfig(device="cpu"),
+                        observability_config=ObservabilityConfig(enable_logging_iteration_details=True))
+    assert queued.scheduler_config.async_scheduling and queued.max_concurrent_batches > 1  # vLLM's default
+    manager = StatLoggerManager(queued, engine_idxs=[0], custom_stat_loggers=[perfsdk_vllm.PerfsdkStatLogger],
+                                enable_default_loggers=False)
+    with caplog.at_level(logging.WARNING, logger="perfsdk"):
+        manager.log_engine_initialized()
+    assert "--no-async-scheduling" in caplog.text
+    before = mon.stats()["decode"]["steps"]
+    details = SchedulerIterationDetails(iteration_index=0, num_ctx_requests=0, num_ctx_tokens=0,
+                                        num_generation_requests=4, num_generation_tokens=4, elapsed_ms=0.5)
+    manager.record(SchedulerStats(kv_cache_usage=0.2, iteration_details=details), None, engine_idx=0)
+    assert mon.flush(10)
+    assert mon.stats()["decode"]["steps"] == before
+
+
+def test_the_engines_kv_cache_size_gives_the_decode_context(stack: Any) -> None:
+    cfg, manager, mon = stack
+    m = {"model": "tiny-llama"}
+    cfg.cache_config.kv_cache_size_tokens = 20_000  # what the engine core reports, per engine
+    try:
+        before = value("perfsdk_step_bandwidth_utilization_sum", phase="decode", **m)
+        details = SchedulerIterationDetails(iteration_index=0, num_ctx_requests=0, num_ctx_tokens=0,
+                                            num_generation_requests=4, num_generation_tokens=4, elapsed_ms=10.0)
+        manager.record(SchedulerStats(kv_cache_usage=0.25, iteration_details=details), None, engine_idx=0)
+        assert mon.flush(10)
+        assert value("perfsdk_step_bandwidth_utilization_sum", phase="decode", **m) - before == pytest.approx(
+            budget.decode_step_bytes(mon.model, 5_000) / (0.010 * HW.memory_bandwidth))
+    finally:
+        cfg.cache_config.kv_cache_size_tokens = None
+
+
+def test_one_odd_request_costs_only_itself(stack: Any) -> None:
+    """Straight to perfsdk's logger: vLLM's own Prometheus logger would fail on this request first."""
+    cfg, _, mon = stack
+    logger = perfsdk_vllm.PerfsdkStatLogger(cfg, 0)
+    m = {"model": "tiny-llama"}
+    e2e_before = value("gen_ai_server_request_duration_seconds_count", **m)
+    steps_before = mon.stats()["decode"]["steps"]
+    errors = mon.stats()["internal_errors"]
+    it = IterationStats()
+    it.finished_requests.append(FinishedRequestStats(None, request_id="odd", e2e_latency=0.3))  # type: ignore[arg-type]
+    it.finished_requests.append(FinishedRequestStats(FinishReason.STOP, request_id="fine", e2e_latency=0.2))
+    details = SchedulerIterationDetails(iteration_index=0, num_ctx_requests=0, num_ctx_tokens=0,
+                                        num_generation_requests=2, num_generation_tokens=2, elapsed_ms=5.0)
+    logger.record(SchedulerStats(kv_cache_usage=0.1, iteration_details=details), it, engine_idx=0)
+    assert mon.flush(10)
+    assert value("gen_ai_server_request_duration_seconds_count", **m) - e2e_before == 1
+    assert mon.stats()["decode"]["steps"] == steps_before + 1
+    assert mon.stats()["internal_errors"] == errors + 1
+
+
+def test_a_bad_perfsdk_setting_never_stops_vllm(stack: Any, monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    cfg, _, _ = stack
+    monkeypatch.setattr(perfsdk_vllm, "_MONITOR", None)
+    monkeypatch.setenv("PERFSDK_HARDWARE", "no-such-gpu")
+    with caplog.at_level(logging.ERROR, logger="perfsdk"):
+        manager = StatLoggerManager(cfg, engine_idxs=[0], custom_stat_loggers=[perfsdk_vllm.PerfsdkStatLogger],
+                                    enable_default_loggers=False)
+        manager.record(None, IterationStats(), engine_idx=0)  # inert, not raising
+        manager.log_engine_initialized()
+    assert "vLLM stat logger disabled" in caplog.text and "no-such-gpu" in caplog.text
