@@ -87,22 +87,31 @@ def prefill_step_bytes(model: ModelSpec, seq_lens: int | Iterable[int], cached_t
     return model.weight_bytes + model.kv_bytes_per_token * (new + cached_tokens)
 
 
-def attention_flops(model: ModelSpec, seq_lens: int | Iterable[int]) -> float:
-    """Causal self-attention FLOPs of a prefill: ``2 × layers × heads × head_dim × Σ n²``.
+def attention_flops(model: ModelSpec, seq_lens: int | Iterable[int], cached_tokens: int = 0) -> float:
+    """Causal self-attention FLOPs of a prefill: ``2 × layers × heads × head_dim × Σ n²``, plus
+    ``4 × layers × heads × head_dim × Σ n·c`` for the new tokens attending to a cached prefix.
 
-    (QKᵀ and PV are each ``2·n²·head_dim`` per head; the causal mask halves both.)
+    (QKᵀ and PV are each ``2·n²·head_dim`` per head; the causal mask halves both. Against a prefix of
+    ``c`` cached tokens each of the ``n`` new queries sees all ``c``: ``4·n·c·head_dim``.) *cached_tokens*
+    is the prefix length summed over the sequences; spread evenly over them, as servers report sums.
     """
     if model.layers is None or model.heads is None or model.head_dim is None:
         raise ConfigError(f"model {model.name or '(unnamed)'}: attention FLOPs need layers, heads and head_dim")
-    heads_here = model.heads // model.tp
-    return 2.0 * model.layers * heads_here * model.head_dim * sum(n * n for n in _seq_lens(seq_lens))
+    _nonneg("cached_tokens", cached_tokens)
+    lens = _seq_lens(seq_lens)
+    per_token = model.layers * (model.heads // model.tp) * model.head_dim
+    within = 2.0 * per_token * sum(n * n for n in lens)
+    prefix = 4.0 * per_token * cached_tokens * sum(lens) / len(lens) if cached_tokens and lens else 0.0
+    return within + prefix
 
 
-def prefill_flops(model: ModelSpec, seq_lens: int | Iterable[int], *, attention: bool = True) -> float:
-    """FLOPs of a prefill: ``2 × params × Σ n`` plus causal attention when ``attention``."""
+def prefill_flops(model: ModelSpec, seq_lens: int | Iterable[int], *, attention: bool = True,
+                  cached_tokens: int = 0) -> float:
+    """FLOPs of a prefill: ``2 × params × Σ n`` plus causal attention when ``attention`` (over a cached
+    prefix of *cached_tokens* too: :func:`attention_flops`)."""
     lens = _seq_lens(seq_lens)
     linear = 2.0 * model.params * sum(lens)
-    return linear + (attention_flops(model, lens) if attention else 0.0)
+    return linear + (attention_flops(model, lens, cached_tokens) if attention else 0.0)
 
 
 def decode_flops(model: ModelSpec, batch: int, context_tokens: int = 0) -> float:

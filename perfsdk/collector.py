@@ -323,7 +323,7 @@ class Collector(threading.Thread):
             if m is None:
                 return None, None, n
             return (budget.prefill_step_bytes(m, lens, ctx if self._kv else 0),
-                    budget.prefill_flops(m, lens, attention=self._kv), n)
+                    budget.prefill_flops(m, lens, attention=self._kv, cached_tokens=ctx if self._kv else 0), n)
         # mixed: seq_lens are the prefill chunks, batch the decoding sequences
         lens = [int(n) for n in (seq_lens if seq_lens is not None else ())]
         n = sum(lens) + batch

@@ -900,7 +900,8 @@ class Monitor:
                 cached_tokens: int | Callable[..., int] = 0) -> Phase:
         """One prefill step of *batch* sequences, *tokens* prompt tokens in all (or their *seq_lens*).
 
-        ``cached_tokens``: prefix tokens already in the KV cache (read, not recomputed).
+        ``cached_tokens``: prefix tokens already in the KV cache (read, not recomputed; the new tokens attend
+        to them, which MFU counts).
         """
         if self._compiling():  # torch.compile traces this call: the Python Phase, a no-op there
             return Phase(self, "prefill", batch, tokens, cached_tokens, seq_lens)

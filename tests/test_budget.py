@@ -119,3 +119,18 @@ def test_mfu() -> None:
 def test_bad_input_names_the_field(call: object, field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         call()  # type: ignore[operator]
+
+
+def test_prefill_attention_over_a_cached_prefix() -> None:
+    m = ModelSpec.named("llama-3-8b")
+    per_token = m.layers * m.heads * m.head_dim  # type: ignore[operator]
+    # one sequence, 100 new tokens after a 1,000-token cached prefix: 4·n·c per head-dim on top of n²
+    assert budget.attention_flops(m, [100], cached_tokens=1000) == pytest.approx(
+        2.0 * per_token * 100**2 + 4.0 * per_token * 100 * 1000)
+    # two sequences sharing 2,000 cached tokens in all: spread evenly
+    assert budget.attention_flops(m, [100, 300], cached_tokens=2000) == pytest.approx(
+        2.0 * per_token * (100**2 + 300**2) + 4.0 * per_token * 1000 * (100 + 300))
+    assert budget.prefill_flops(m, [100], cached_tokens=1000) - budget.prefill_flops(m, [100]) == pytest.approx(
+        4.0 * per_token * 100 * 1000)
+    with pytest.raises(ConfigError, match="cached_tokens"):
+        budget.attention_flops(m, [10], cached_tokens=-1)

@@ -726,3 +726,14 @@ def test_values_measured_elsewhere_skip_what_is_not_a_time() -> None:
         assert h.count(E2E) == 1 and h.count(QUEUE) == 0 and h.count(TPOT) == 0
         assert mon.stats()["internal_errors"] == 0
         assert len([s for s in h.spans() if s.parent is None]) == 1
+
+
+def test_prefill_mfu_counts_attention_over_the_cached_prefix() -> None:
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        with h.monitor.prefill(tokens=100, cached_tokens=1000):
+            clock.advance(0.01)
+        assert h.monitor.flush(5)
+        assert h.sum(MFU, phase="prefill") == pytest.approx(
+            budget.prefill_flops(MODEL, [100], cached_tokens=1000) / (0.01 * 500e12))
+        assert budget.prefill_flops(MODEL, [100], cached_tokens=1000) > budget.prefill_flops(MODEL, [100])

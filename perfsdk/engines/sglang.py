@@ -20,8 +20,9 @@ metrics on its ``/metrics`` (``--enable-metrics``). In Python: :class:`FpmSubscr
 The mapping (:func:`step_from_fpm`): prefill tokens and decode requests in one forward make a
 ``mixed`` step, either alone a ``prefill`` or ``decode`` step; the decode KV tokens are the decode
 steps' context, the prefill requests' cached prefix theirs. SGLang reports sums, so prefill tokens are
-split evenly over the prefill requests for the attention FLOPs (their cached prefix adds KV bytes, not
-attention FLOPs: MFU of prefix-cached prefills is understated). Messages with no GPU time (idle
+split evenly over the prefill requests for the attention FLOPs, and so is their cached prefix (its KV
+is read and attended to). In a mixed forward the prefill's prefix is costed as decode context, which
+undercounts its attention FLOPs. Messages with no GPU time (idle
 heartbeats; SGLang drops spans over several streams) make no step; messages with GPU time but nothing
 perfsdk can cost (an extend batch that computed no new tokens, as with data-parallel attention's
 padding) are counted as ``skipped``; messages lost on the wire (ZMQ drops when a subscriber is slow)
