@@ -40,7 +40,7 @@ fi
 # select tests of the main suite only.
 if [ "$#" = 0 ]; then
   engines_rc=0
-  bash scripts/test_vllm.sh || engines_rc=1
-  bash scripts/test_sglang.sh || engines_rc=1
+  bash scripts/test_engine.sh vllm || engines_rc=1
+  bash scripts/test_engine.sh sglang || engines_rc=1
   exit "$engines_rc"
 fi

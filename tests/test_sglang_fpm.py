@@ -1,7 +1,7 @@
 """SGLang's forward-pass metrics into perfsdk steps: the mapping, and the subscriber on a real ZMQ socket.
 
 The messages here are built by hand in SGLang's wire format (schema 1, msgpack maps); the same path
-against SGLang's own publisher runs in its venv (tests/engines/test_sglang.py, scripts/test_sglang.sh).
+against SGLang's own publisher runs in its venv (tests/engines/test_sglang.py, scripts/test_engine.sh sglang).
 """
 
 from __future__ import annotations

@@ -11,3 +11,12 @@ through each engine's public extension point, never by patching it.
 process); without vLLM it raises :class:`perfsdk.errors.MissingDependencyError`.
 :mod:`perfsdk.engines.sglang` needs only ``pyzmq`` and ``msgspec`` (``perfsdk[sglang]``), not SGLang.
 """
+
+__all__ = ["split_evenly"]
+
+
+def split_evenly(tokens: int, requests: int) -> list[int]:
+    """*tokens* over *requests* sequences as evenly as possible (engines report only the sums)."""
+    n = max(int(requests), 1)
+    base, extra = divmod(int(tokens), n)
+    return [base + (1 if i < extra else 0) for i in range(n) if base or i < extra]

@@ -43,6 +43,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from perfsdk.engines import split_evenly
 from perfsdk.errors import ConfigError, MissingDependencyError
 
 if TYPE_CHECKING:
@@ -74,21 +75,15 @@ def step_from_fpm(msg: Mapping[str, Any]) -> tuple[str, float, dict[str, Any]] |
     decode_ctx = int(s.get("sum_decode_kv_tokens", 0))
     if prefill_tokens and decode_reqs:
         return "mixed", float(seconds), {"batch": decode_reqs, "context_tokens": decode_ctx + prefix_tokens,
-                                         "seq_lens": _split(prefill_tokens, prefill_reqs)}
+                                         "seq_lens": split_evenly(prefill_tokens, prefill_reqs)}
     if prefill_tokens:
         return "prefill", float(seconds), {"batch": max(prefill_reqs, 1), "tokens": prefill_tokens,
                                            "context_tokens": prefix_tokens,
-                                           "seq_lens": _split(prefill_tokens, prefill_reqs)}
+                                           "seq_lens": split_evenly(prefill_tokens, prefill_reqs)}
     if decode_reqs:
         return "decode", float(seconds), {"batch": decode_reqs, "context_tokens": decode_ctx}
     return None
 
-
-def _split(tokens: int, requests: int) -> list[int]:
-    """*tokens* over *requests* sequences as evenly as possible (SGLang reports only the sums)."""
-    n = max(int(requests), 1)
-    base, extra = divmod(int(tokens), n)
-    return [base + (1 if i < extra else 0) for i in range(n) if base or i < extra]
 
 
 def _zmq_msgspec() -> tuple[Any, Any]:

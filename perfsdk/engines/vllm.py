@@ -57,6 +57,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from perfsdk.engines import split_evenly
 from perfsdk.errors import MissingDependencyError
 
 try:
@@ -223,10 +224,10 @@ class PerfsdkStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untype
         decode_tokens = int(d.num_generation_tokens)
         if prefill_tokens and decode_tokens:
             mon.record_step("mixed", seconds, batch=decode_tokens, context_tokens=self._context_tokens(stats),
-                            seq_lens=_split(prefill_tokens, prefill_reqs))
+                            seq_lens=split_evenly(prefill_tokens, prefill_reqs))
         elif prefill_tokens:
             mon.record_step("prefill", seconds, batch=max(prefill_reqs, 1), tokens=prefill_tokens,
-                            seq_lens=_split(prefill_tokens, prefill_reqs))
+                            seq_lens=split_evenly(prefill_tokens, prefill_reqs))
         elif decode_tokens:
             # FLOPs per generated token (speculative decoding verifies several per sequence)
             mon.record_step("decode", seconds, batch=decode_tokens, context_tokens=self._context_tokens(stats))
@@ -246,9 +247,3 @@ class PerfsdkStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untype
             tokens = int(blocks) / dp * int(cache.block_size)
         return round(float(usage) * float(tokens))
 
-
-def _split(tokens: int, requests: int) -> list[int]:
-    """*tokens* over *requests* prefill sequences as evenly as possible (vLLM reports only the sums)."""
-    n = max(int(requests), 1)
-    base, extra = divmod(int(tokens), n)
-    return [base + (1 if i < extra else 0) for i in range(n) if base or i < extra]

@@ -1,5 +1,5 @@
 """``perfsdk sglang`` against SGLang's own forward-pass-metrics publisher (sglang 0.5.23, its own venv:
-scripts/test_sglang.sh).
+scripts/test_engine.sh sglang).
 
 No GPU here, so no scheduler runs; the messages are SGLang's ``ForwardPassMetrics`` structs, encoded
 and sent by SGLang's ``_FpmPublisherThread`` on the per-rank endpoints its scheduler binds, exactly as
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 fpm = pytest.importorskip("sglang.srt.observability.forward_pass_metrics",
-                          reason="the SGLang suite runs in its own venv: bash scripts/test_sglang.sh")
+                          reason="the SGLang suite runs in its own venv: bash scripts/test_engine.sh sglang")
 
 from perfsdk import budget  # noqa: E402
 from perfsdk.engines.sglang import FPM_VERSION, FpmSubscriber  # noqa: E402

@@ -1,4 +1,4 @@
-"""perfsdk's vLLM stat logger against the real ``vllm`` package (0.33, its own venv: scripts/test_vllm.sh).
+"""perfsdk's vLLM stat logger against the real ``vllm`` package (0.33, its own venv: scripts/test_engine.sh vllm).
 
 No GPU here, so no model runs; everything else is vLLM's own code: its plugin loader finds perfsdk
 through the installed entry point, a real ``VllmConfig`` is built from a local Llama config, vLLM's
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-vllm = pytest.importorskip("vllm", reason="the vLLM suite runs in its own venv: bash scripts/test_vllm.sh")
+vllm = pytest.importorskip("vllm", reason="the vLLM suite runs in its own venv: bash scripts/test_engine.sh vllm")
 
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
