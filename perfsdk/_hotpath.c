@@ -37,6 +37,7 @@
 
 typedef int (*record_fn_t)(void *event, void *stream);
 typedef int (*is_capturing_fn_t)(void *stream, int *status);  /* cuStreamIsCapturing */
+#define CUDA_ERROR_INVALID_CONTEXT 201  /* no current context on this thread (a new thread's first CUDA call) */
 
 /* Keep the current exception aside while calling Python, then put it back. */
 typedef struct { PyObject *a, *b, *c; } saved_exc;
@@ -169,6 +170,7 @@ typedef struct {
     PyObject *give_back;     /* ((start, end, others)) */
     PyObject *decorate;      /* (step, fn) -> wrapped fn */
     PyObject *slow_step;     /* (phase, batch, tokens, ctx, seq_lens) -> a Step or a Python Phase */
+    PyObject *ensure_context; /* () -> None: make the events' context current on this thread, or NULL */
     long long chain_gap_ns;
     long long every;         /* time every N-th step */
     long long count;         /* steps entered (for every) */
@@ -199,6 +201,7 @@ static int hot_traverse(Hot *self, visitproc visit, void *arg) {
     Py_VISIT(self->give_back);
     Py_VISIT(self->decorate);
     Py_VISIT(self->slow_step);
+    Py_VISIT(self->ensure_context);
     return 0;
 }
 
@@ -223,6 +226,7 @@ static int hot_clear(Hot *self) {
     Py_CLEAR(self->give_back);
     Py_CLEAR(self->decorate);
     Py_CLEAR(self->slow_step);
+    Py_CLEAR(self->ensure_context);
     return 0;
 }
 
@@ -238,18 +242,20 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {
         "mon", "clock", "capturing", "is_capturing_fn", "stream", "record_on", "record_fn", "raise_for", "pool_pop",
         "pool_acquire", "pool_release", "queue", "queue_cap", "local", "nvtx_on", "nvtx_push", "nvtx_pop",
-        "errors_record", "orphan", "give_back", "decorate", "slow_step", "chain_gap_ns", "every", NULL};
+        "errors_record", "orphan", "give_back", "decorate", "slow_step", "chain_gap_ns", "every", "ensure_context",
+        NULL};
     PyObject *mon, *clock, *capturing, *stream, *record_on, *raise_for, *pool_pop, *pool_acquire, *pool_release;
     PyObject *queue, *local, *nvtx_push, *nvtx_pop, *errors_record, *orphan, *give_back, *decorate, *slow_step;
+    PyObject *ensure_context = NULL;
     unsigned long long record_fn, is_capturing_fn;
     Py_ssize_t queue_cap;
     int nvtx_on;
     long long chain_gap_ns, every;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "OOOKOOKOOOOOnOpOOOOOOOLL:Hot", kwlist, &mon, &clock, &capturing, &is_capturing_fn, &stream, &record_on,
+            args, kw, "OOOKOOKOOOOOnOpOOOOOOOLL|O:Hot", kwlist, &mon, &clock, &capturing, &is_capturing_fn, &stream, &record_on,
             &record_fn, &raise_for, &pool_pop, &pool_acquire, &pool_release, &queue, &queue_cap, &local,
             &nvtx_on, &nvtx_push, &nvtx_pop, &errors_record, &orphan, &give_back, &decorate, &slow_step,
-            &chain_gap_ns, &every))
+            &chain_gap_ns, &every, &ensure_context))
         return NULL;
     if (every < 1) {
         PyErr_SetString(PyExc_ValueError, "every must be >= 1");
@@ -286,6 +292,7 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->give_back = Py_NewRef(give_back);
     self->decorate = Py_NewRef(decorate);
     self->slow_step = Py_NewRef(slow_step);
+    self->ensure_context = opt(ensure_context);
     self->chain_gap_ns = chain_gap_ns;
     self->every = every;
     self->count = 0;
@@ -319,6 +326,19 @@ static inline int now_ns(Hot *hot, long long *out) {
     return 0;
 }
 
+/* This thread has no current CUDA context (its first CUDA call is perfsdk's): make the events' context
+   current, as the runtime would on the thread's first call. 0 when done, -1 (nothing set) when it cannot be. */
+static int ensure_context(Hot *hot) {
+    if (!hot->ensure_context) return -1;
+    saved_exc saved = exc_save();
+    PyObject *r = PyObject_CallNoArgs(hot->ensure_context);
+    int rc = r ? 0 : -1;
+    Py_XDECREF(r);
+    PyErr_Clear();  /* the caller reports the original failure if the retry fails too */
+    exc_restore(saved);
+    return rc;
+}
+
 /* Record event on stream. 0, or -1 with an exception set (the driver's code goes through raise_for). */
 static int record(Hot *hot, PyObject *event, PyObject *stream) {
     if (hot->record_fn) {
@@ -327,6 +347,7 @@ static int record(Hot *hot, PyObject *event, PyObject *stream) {
         void *s = PyLong_AsVoidPtr(stream);
         if (!s && PyErr_Occurred()) return -1;
         int code = hot->record_fn(e, s);
+        if (code == CUDA_ERROR_INVALID_CONTEXT && ensure_context(hot) == 0) code = hot->record_fn(e, s);
         if (code == 0) return 0;
         PyObject *c = PyLong_FromLong(code);
         if (!c) return -1;
@@ -339,6 +360,10 @@ static int record(Hot *hot, PyObject *event, PyObject *stream) {
     PyObject *args[2] = {event, stream};
     PyObject *r = PyObject_Vectorcall(hot->record_on, args, 2, NULL);
     if (!r) return -1;
+    if (PyLong_CheckExact(r) && PyLong_AsLong(r) == CUDA_ERROR_INVALID_CONTEXT && ensure_context(hot) == 0) {
+        Py_DECREF(r);
+        if (!(r = PyObject_Vectorcall(hot->record_on, args, 2, NULL))) return -1;
+    }
     int bad = PyObject_IsTrue(r);
     if (bad > 0) {
         PyObject *r2 = PyObject_CallOneArg(hot->raise_for, r);
@@ -620,6 +645,7 @@ static int enter_body(Step *self, Hot *hot) {
         if (!s && PyErr_Occurred()) return -1;
         int status = 0;
         int code = hot->is_capturing_fn(s, &status);
+        if (code == CUDA_ERROR_INVALID_CONTEXT && ensure_context(hot) == 0) code = hot->is_capturing_fn(s, &status);
         if (code != 0) {
             PyErr_Format(PyExc_RuntimeError, "cuStreamIsCapturing failed (%d)", code);
             return -1;

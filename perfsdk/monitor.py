@@ -97,6 +97,7 @@ FINISH = "r"
 FLUSH = "x"
 MEASURED = "o"  # values measured elsewhere (an engine's own timers): see Monitor.record_latencies/record_finished
 _PHASES = ("prefill", "decode", "mixed")
+CUDA_ERROR_INVALID_CONTEXT = 201  # a driver call on a thread with no current context
 
 _UNSET: Any = object()
 _FINISH_LOCK = threading.Lock()  # finish() is once per request; a lock per request would cost more than one
@@ -424,7 +425,7 @@ class Phase(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step r
             self._ev = (start, end, ())
         r = mon._record_on(start, stream)
         if r:
-            mon._raise_for(r)
+            mon._record_failed(start, stream, r)
 
     def _abandon(self, mon: Monitor) -> None:
         """After an internal error: give the events back and record nothing for this entry."""
@@ -460,7 +461,7 @@ class Phase(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step r
                 try:
                     r = mon._record_on(ev[1], stream)
                     if r:
-                        mon._raise_for(r)
+                        mon._record_failed(ev[1], stream, r)
                 except Exception:
                     mon._give_back(ev)
                     raise
@@ -666,6 +667,7 @@ class Monitor:
         self._record_on: Callable[[Any, int], Any] = _no_record_on
         self._raise_for: Callable[[int], None] = _no_raise
         self._pool_pop: Callable[[], Any] = _empty_pop
+        self._ensure_context: Callable[[], None] | None = None
         if self._pool is not None:
             api = self._pool.api
             self._stream, self._record_on, self._raise_for = api.make_stream(), api.make_record_on(), api.raise_for
@@ -787,6 +789,7 @@ class Monitor:
             self._dropped += d
             self._untimed_pool_empty += u
         self._hot = None
+        self._ensure_context = getattr(self._pool.api, "ensure_context", None) if self._pool is not None else None
         self._new_step: Callable[..., Phase] = functools.partial(Phase, self)
         hp = _load_hotpath() if self.hot_path == "c" and self._enabled else None
         self._compiling = _timing_never  # the Python Phase checks tracing in __enter__
@@ -817,6 +820,7 @@ class Monitor:
             nvtx_push=self._nvtx_push, nvtx_pop=self._nvtx_pop, errors_record=self._errors.record,
             orphan=self._orphan, give_back=self._give_back, decorate=self._decorate_step,
             slow_step=self._slow_step, chain_gap_ns=self._chain_gap_ns, every=self._timing_every,
+            ensure_context=self._ensure_context,
         )
         self._hot.window = self._window
         self._new_step = self._hot.step
@@ -834,6 +838,20 @@ class Monitor:
 
     def _decorate_step(self, step: Any, fn: F) -> F:
         return _decorate(self, step.phase, step.sizes, False, fn)
+
+    def _record_failed(self, event: Any, stream: int, code: int) -> None:
+        """A record answered *code*: retry once where the thread had no current CUDA context, else raise.
+
+        A new engine thread whose first CUDA call is a perfsdk step has no current context
+        (``CUDA_ERROR_INVALID_CONTEXT``); the events' context is made current, as the runtime would on the
+        thread's first call, and the record tried again. Off the steady path: it runs only after a failure.
+        """
+        if code == CUDA_ERROR_INVALID_CONTEXT and self._ensure_context is not None:
+            self._ensure_context()
+            code = self._record_on(event, stream)
+            if not code:
+                return
+        self._raise_for(code)
 
     def _drops(self) -> tuple[int, int]:
         """(steps dropped because the queue was full, steps not timed because every event was in flight)."""

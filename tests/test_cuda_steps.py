@@ -498,3 +498,137 @@ def test_a_failed_wait_on_the_newest_step_is_not_blamed_on_the_oldest() -> None:
         assert h.monitor.flush(5)
         assert h.count(STEP, phase="decode") == 2  # only the step whose own end failed is untimed
         assert h.monitor._errors.count == 1
+
+
+# ---- a new thread whose first CUDA call is a perfsdk step ---------------------------------------
+CUDA_ERROR_INVALID_CONTEXT = 201
+
+
+class ThreadContextGpu(FakeGpu):
+    """The driver's per-thread current context: a thread that never made one current gets 201."""
+
+    def __init__(self, ensure: bool = True) -> None:
+        super().__init__()
+        import threading
+
+        self.current = {threading.get_ident()}  # the main thread touched CUDA already
+        self.context_calls = 0
+        if ensure:
+            self.ensure_context = self._ensure
+
+    def _ensure(self) -> None:
+        import threading
+
+        self.context_calls += 1
+        self.current.add(threading.get_ident())
+
+    def make_record_on(self) -> Any:
+        import threading
+
+        inner = super().make_record_on()
+
+        def record_on(ev: Ev, stream: int) -> int:
+            if threading.get_ident() not in self.current:
+                return CUDA_ERROR_INVALID_CONTEXT
+            return int(inner(ev, stream))
+        return record_on
+
+
+def _steps_on_a_new_thread(h: MonitorHarness, gpu: FakeGpu, clock: FakeClock, n: int) -> None:
+    import threading
+
+    t = threading.Thread(target=steps, args=(h, gpu, clock, [2.0] * n))
+    t.start()
+    t.join()
+
+
+def test_first_step_on_a_new_thread_is_timed() -> None:
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = ThreadContextGpu()
+        wire(h, gpu)
+        _steps_on_a_new_thread(h, gpu, clock, 3)
+        assert h.count(STEP, phase="decode") == 3
+        assert h.sum(STEP, phase="decode") == pytest.approx(0.006)
+        assert h.monitor.stats()["internal_errors"] == 0
+        assert gpu.context_calls == 1  # once for the thread, then its context stays current
+
+
+def test_without_a_way_to_make_the_context_current_the_step_is_lost_and_counted() -> None:
+    """The control: the same GPU with no ensure_context loses the new thread's steps, loudly."""
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = ThreadContextGpu(ensure=False)
+        wire(h, gpu)
+        _steps_on_a_new_thread(h, gpu, clock, 2)
+        assert h.count(STEP, phase="decode") == 0
+        assert h.monitor.stats()["internal_errors"] == 2
+
+
+class DriverPointerGpu(ThreadContextGpu):
+    """ThreadContextGpu behind C function pointers, as the C hot path calls the real libcuda.
+
+    ``cuEventRecord`` and ``cuStreamIsCapturing`` become ctypes callbacks; events and streams are ints.
+    """
+
+    def __init__(self) -> None:
+        import ctypes
+
+        super().__init__()
+        self.events: dict[int, Ev] = {}
+        self.capture_checks = 0
+        by_obj = super().make_record_on()
+
+        def record(ev: int | None, stream: int | None) -> int:
+            return int(by_obj(self.events[ev or 0], stream or 0))
+
+        def is_capturing(stream: int | None, status: Any) -> int:
+            import threading
+
+            if threading.get_ident() not in self.current:
+                return CUDA_ERROR_INVALID_CONTEXT
+            self.capture_checks += 1
+            status[0] = 0
+            return 0
+
+        self._record_c = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(record)
+        self._capture_c = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))(
+            is_capturing)
+        self._record_on = record
+
+    def new(self) -> Any:
+        ev = super().new()
+        self.events[ev.n] = ev
+        return ev.n
+
+    def make_record_on(self) -> Any:
+        return self._record_on  # the same object each time: the Monitor takes it for the driver's
+
+    def record_address(self) -> int:
+        import ctypes
+
+        return int(ctypes.cast(self._record_c, ctypes.c_void_p).value or 0)
+
+    def capture_check_address(self) -> int:
+        import ctypes
+
+        return int(ctypes.cast(self._capture_c, ctypes.c_void_p).value or 0)
+
+    def elapsed_s(self, start: Any, end: Any) -> float:
+        return super().elapsed_s(self.events[start], self.events[end])
+
+
+def test_first_step_on_a_new_thread_through_the_driver_pointers(each_hot_path: str) -> None:
+    """The C path calls cuStreamIsCapturing and cuEventRecord itself: both answer 201 on a fresh thread."""
+    if each_hot_path != "c":
+        pytest.skip("the driver's function pointers are the C hot path's")
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = DriverPointerGpu()
+        h.monitor._cuda_capturing = lambda: False  # CUDA timing: the capture check goes through the pointer
+        wire(h, gpu)
+        _steps_on_a_new_thread(h, gpu, clock, 3)
+        assert h.count(STEP, phase="decode") == 3
+        assert h.sum(STEP, phase="decode") == pytest.approx(0.006)
+        assert h.monitor.stats()["internal_errors"] == 0
+        assert gpu.capture_checks == 3 and gpu.context_calls == 1
