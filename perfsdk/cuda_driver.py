@@ -183,6 +183,25 @@ class DriverEvents:
         except (OSError, AttributeError):
             return 0
 
+    def addresses(self) -> Any:
+        """The driver functions the C hot path and step core call directly (a
+        :class:`~perfsdk.timing.DriverAddresses`)."""
+        from perfsdk.timing import DriverAddresses
+
+        py, _ = _libs()
+
+        def address(name: str) -> int:
+            f = getattr(py, name, None)
+            return int(ctypes.cast(f, ctypes.c_void_p).value or 0) if f is not None else 0
+
+        return DriverAddresses(
+            record=self.record_address(), is_capturing=self.capture_check_address(), query=address("cuEventQuery"),
+            synchronize=address("cuEventSynchronize"),
+            elapsed=address("cuEventElapsedTime_v2") or address("cuEventElapsedTime"),
+            ctx_set_current=address("cuCtxSetCurrent"), context=int(self._ctx or 0),
+            exchange_capture_mode=address("cuThreadExchangeStreamCaptureMode"),
+        )
+
     def raise_for(self, code: int) -> None:
         """Raise :class:`CudaDriverError` for a failed record's result code."""
         self._check("cuEventRecord", code)

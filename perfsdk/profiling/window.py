@@ -240,7 +240,7 @@ class ProfilerWindow:
         self._profiler_options = {"record_shapes": record_shapes, "with_stack": with_stack,
                                   "profile_memory": profile_memory}
 
-        self._mon = mon
+        self._errors, self._set_busy, self._rank = mon.window_deps()
         self._clock: Callable[[], float] = clock or time.monotonic
         # hot is the one attribute the serving thread reads per step; written under _lock only
         self.hot = False
@@ -340,7 +340,7 @@ class ProfilerWindow:
         try:
             self.trigger(reason="signal")
         except Exception as e:
-            self._mon._errors.record(e, "profiler window SIGUSR2")
+            self._errors.record(e, "profiler window SIGUSR2")
 
     def cancel(self, reason: str = "cancelled") -> bool:
         """Drop an armed capture now; a running one is stopped at its next step. False if none."""
@@ -486,7 +486,7 @@ class ProfilerWindow:
     def _fail(self, exc: BaseException, where: str) -> None:
         """A profiler error on the serving thread: count it, drop the capture, let the step run on."""
         try:
-            self._mon._errors.record(exc, where)
+            self._errors.record(exc, where)
             self.failures += 1
             self._abort(f"failed: {type(exc).__name__}: {exc}")
         except Exception:
@@ -520,7 +520,7 @@ class ProfilerWindow:
                 if free < self.min_free_mb:
                     raise OSError(f"disk: only {free:.0f} MiB free under {self.directory} (min_free_mb="
                                   f"{self.min_free_mb:g}); trace not written")
-                rank = (getattr(self._mon, "_extra_label_values", ()) or ("0",))[0]
+                rank = self._rank
                 trace = write_trace(session, self.directory, trace_name(rank))
                 prune(self.directory, self.keep)
                 capture_meta = {"id": handle.id, "trigger": handle.trigger, "mode": handle.mode,
@@ -532,7 +532,7 @@ class ProfilerWindow:
                         f"(capture {handle.id}, {'steady' if steady else 'not steady'})")
                 log.info("%s", line)
         except Exception as e:
-            self._mon._errors.record(e, "profiler window write/diagnose")
+            self._errors.record(e, "profiler window write/diagnose")
             self.failures += 1
             error = f"{type(e).__name__}: {e}"
         result = CaptureResult(id=handle.id, mode=handle.mode, trigger=handle.trigger, steady=steady,
@@ -560,9 +560,8 @@ class ProfilerWindow:
         line = verdict(d, trace, steady)
         log.info("%s", line)
         busy = diagnosis.gpu_busy_fraction
-        prom = self._mon._prom
-        if busy is not None and prom is not None:
-            prom.profile_busy.set(busy)
+        if busy is not None and self._set_busy is not None:
+            self._set_busy(busy)
         return d, dpath, line
 
     # ---- lifecycle ------------------------------------------------------------------------------
