@@ -38,6 +38,7 @@ from typing import Any, TypeVar, cast
 from perfsdk._guard import ErrorGuard
 from perfsdk.errors import ConfigError
 from perfsdk.records import (
+    DECODE,
     HOST,
     MAX_COUNT,
     NO_TOKENS,
@@ -57,6 +58,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 CUDA_ERROR_INVALID_CONTEXT = 201  # a driver call on a thread with no current context
 
 _IDLE, _OPEN, _SKIPPED = 0, 1, 2
+_new_record = tuple.__new__
 LENS_SQ_MAX = 2**62  # the sum of squared sequence lengths travels as a 64-bit integer (the C record's)
 
 
@@ -167,13 +169,14 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
     ``isinstance(step, perfsdk.Step)`` holds for the C implementation too.
     """
 
-    __slots__ = ("_batch", "_ctx", "_dynamic", "_ev", "_hot", "_outer", "_phase", "_seq_lens", "_state",
-                 "_stream", "_t0", "_tokens")
+    __slots__ = ("_batch", "_code", "_ctx", "_dynamic", "_ev", "_hot", "_lens", "_outer", "_phase", "_seq_lens",
+                 "_state", "_stream", "_t0", "_tokens")
 
     def __init__(self, hot: HotState, phase: str, batch: Any, tokens: Any, context_tokens: Any,
                  seq_lens: Any) -> None:
         self._hot = hot
         self._phase = phase
+        code = self._code = PHASE_CODES[phase]
         # fast path: plain ints; anything else goes through validation (and may be a callable)
         if (type(batch) is int and 0 <= batch <= MAX_COUNT and type(context_tokens) is int
                 and 0 <= context_tokens <= MAX_COUNT and (tokens is None or (type(tokens) is int
@@ -184,6 +187,9 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
         else:
             self._batch, self._tokens, self._ctx, self._seq_lens, self._dynamic = check_sizes(
                 phase, batch, tokens, context_tokens, seq_lens)
+        # what the step's cost needs of its sequence lengths, once (as the C step does)
+        self._lens = (0, 0, 0) if code == DECODE or self._dynamic else lens_summary(
+            code, self._batch, self._tokens, self._seq_lens)
         self._state = _IDLE
         self._t0 = 0
         self._ev: Any = None  # None: no events; False: not timed; (start, end): held events
@@ -321,10 +327,10 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
             elif ev is False:
                 hot.exits = next(hot.exit_seq)  # every exit is numbered (see above)
                 hot.last_exit = 0  # an untimed step: the next timed one must not start before it
-            code = PHASE_CODES[self._phase]
-            s, sq, n = lens_summary(code, self._batch, self._tokens, self._seq_lens)
-            rec = StepRecord(code, timing, t0, t1, start, end, self._batch, self._tokens, self._ctx, s, sq, n,
-                             None if exc_type is None else exc_type.__qualname__)
+            s, sq, n = self._lens
+            # tuple.__new__ skips the NamedTuple's Python-level __new__ (the same object, a frame cheaper)
+            rec = _new_record(StepRecord, (self._code, timing, t0, t1, start, end, self._batch, self._tokens,
+                                           self._ctx, s, sq, n, None if exc_type is None else exc_type.__qualname__))
             if not hot.core.push(rec) and ev:
                 _let_go(hot, ev)  # dropped (the core is behind): the step's holds end here
             w = hot.window
@@ -348,6 +354,8 @@ class NoStep(Step):
 
     def __init__(self, phase: str) -> None:
         self._phase = phase
+        self._code = PHASE_CODES.get(phase, 0)
+        self._lens = (0, 0, 0)
         self._batch, self._tokens, self._ctx, self._seq_lens = 0, NO_TOKENS, 0, None
         self._dynamic = False
         self._state = _IDLE

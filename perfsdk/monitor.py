@@ -417,6 +417,13 @@ class Monitor:
         self._errors.record(e, f"{phase}() sizes")
         return NoStep(phase)
 
+    def _reserve_events(self, n: int) -> None:
+        """Make events now until *n* are free (benchmarks that hold the core back: nothing comes back)."""
+        if self.hot_path == "c":
+            self._core.reserve(n)
+        elif self._pool is not None:
+            self._pool.reserve(n)
+
     def _untimed(self) -> int:
         n = self._hot_state.untimed
         if self.hot_path == "c" and self._hot is not None:

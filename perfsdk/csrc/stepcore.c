@@ -453,6 +453,9 @@ static void wake(StepCore *c) {
 
 static void *core_main(void *arg) {
     StepCore *c = (StepCore *)arg;
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), "perfsdk-steps");  /* what top -H and /proc/<pid>/task/<tid>/comm show */
+#endif
     if (c->ctx_set && c->context) {
         int e = c->ctx_set(c->context);  /* the events' context current on this thread */
         if (e) core_error(c, "core CUDA setup", "cuCtxSetCurrent", e);
@@ -941,6 +944,24 @@ static PyObject *core_push_py(StepCore *c, PyObject *rec) {
     return PyBool_FromLong(core_push(c, &r));
 }
 
+/* reserve(n): make events now until n are free (within the capacity), so no step pays for creation. */
+static PyObject *core_reserve(StepCore *c, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    for (;;) {
+        pthread_mutex_lock(&c->pool.lock);
+        int more = c->pool.nfree < n && c->pool.created < c->pool.cap;
+        pthread_mutex_unlock(&c->pool.lock);
+        if (!more) break;
+        int32_t s = pool_create(c);
+        if (s < 0) return NULL;
+        pthread_mutex_lock(&c->pool.lock);
+        c->pool.free[c->pool.nfree++] = s;
+        pthread_mutex_unlock(&c->pool.lock);
+    }
+    Py_RETURN_NONE;
+}
+
 /* close_events(): destroy the free events (the thread has stopped; events still held are left alone). */
 static PyObject *core_close_events(StepCore *c, PyObject *Py_UNUSED(ignored)) {
     Pool *p = &c->pool;
@@ -1017,6 +1038,7 @@ static PyMethodDef core_methods[] = {
     {"take_errors", (PyCFunction)core_take_errors, METH_NOARGS, "take_errors() -> [(site, message)]."},
     {"push", (PyCFunction)core_push_py, METH_O, "push(StepRecord) -> bool: queue a step with no events."},
     {"close_events", (PyCFunction)core_close_events, METH_NOARGS, "Destroy the free events (after stop)."},
+    {"reserve", (PyCFunction)core_reserve, METH_O, "reserve(n): make events until n are free (benchmarks)."},
     {NULL}};
 
 static PyGetSetDef core_getset[] = {
