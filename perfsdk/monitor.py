@@ -1054,10 +1054,15 @@ class Monitor:
             old.close()
         return new
 
-    def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api") -> Any:
-        """Ask for one profiler capture of *steps* steady-state steps; returns a handle to wait on."""
+    def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api", *,
+                steady: bool = True) -> Any:
+        """Ask for one profiler capture of *steps* steady-state steps; returns a handle to wait on.
+
+        ``steady=False``: no steady-state gate; the next step entered starts the capture (called at the same
+        step on every rank of a tensor-parallel group, it captures the same steps on each).
+        """
         w = self._window if self._window is not None else self.enable_profiler()
-        return w.trigger(steps=steps, mode=mode, reason=reason)
+        return w.trigger(steps=steps, mode=mode, reason=reason, steady=steady)
 
 
 _NULL_REQUEST = _NullRequest()
