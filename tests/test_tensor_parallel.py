@@ -257,3 +257,48 @@ def test_a_rank_that_stops_is_visible(run: Run) -> None:
     panel = {r["metric"]["instance"]: r["value"][1]
              for r in _result(run.prom, TARGETS_UP.replace("$instance", ".*"))}
     assert panel == {run.instance(0): "1", run.instance(1): "0"}
+
+
+# ------------------------------------------------------------------ benchmarks/tensor_parallel.py on CPU
+def test_the_tensor_parallel_benchmark_runs_end_to_end_on_cpu_under_torchrun(tmp_path: Path) -> None:
+    """The 2-GPU benchmark's code path short of the GPU: torchrun, gloo, a tiny shape, eager only."""
+    out = tmp_path / "tp.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(ROOT / "benchmarks" / "tensor_parallel.py"), "--device", "cpu", "--out", str(out),
+         "--steps", "6", "--warmup", "2", "--batches", "1,2", "--profile-steps", "2",
+         # extra work of a whole healthy step on rank 1: the other waits about half of each step
+         "--straggler-fraction", "1.0"],
+        capture_output=True, text=True, timeout=400, check=False, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["world_size"] == 2 and [e["rank"] for e in res["environment"]] == [0, 1]
+    assert all(e["backend"] == "gloo" and e["torch"] for e in res["environment"])
+    # each rank is costed against its share: half the weights of the whole model
+    import importlib.util
+
+    from perfsdk.model import ModelSpec
+
+    spec = importlib.util.spec_from_file_location("tensor_parallel", ROOT / "benchmarks" / "tensor_parallel.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["tensor_parallel"] = bench  # its dataclasses look their module up there
+    spec.loader.exec_module(bench)
+    whole = ModelSpec.from_hf_config(bench.SHAPES["tiny"].hf_config("float32"))
+    assert res["model"]["per_rank_spec"]["weight_bytes"] == pytest.approx(whole.weight_bytes / 2)
+    assert [(c["mode"], c["batch"]) for c in res["configs"]] == [("eager", 1), ("eager", 2)]
+    for c in [*res["configs"], *res["straggler_runs"]]:
+        assert [r["rank"] for r in c["ranks"]] == [0, 1]
+        for r in c["ranks"]:
+            assert r["steps"] == 6 and r["step_ms_perfsdk_mean"] > 0 and 0 < r["mbu_perfsdk_mean"]
+            assert r["profile"]["error"] is None and Path(r["profile"]["trace"]).exists()
+        # the same steps captured on both ranks; each step's communication share per rank
+        assert [r["steps"] for r in c["comparison"]["ranks"]] == [2, 2]
+        assert {k: len(v) for k, v in c["comm_share_per_step"].items()} == {"0": 2, "1": 2}
+    (straggler,) = res["straggler_runs"]
+    assert straggler["straggler_rank"] == 1 and straggler["ranks"][1]["extra_repeats"] > 0
+    assert straggler["named_straggler"] == 1, straggler["comparison_report"]
+    assert "<- straggler" in straggler["comparison_report"]
+    waiting = straggler["comparison"]["ranks"][0]
+    assert waiting["rank"] == 0 and waiting["wait_share"] >= 0.1

@@ -711,9 +711,12 @@ def _findings(diag: Diagnosis) -> list[Finding]:
     if comm >= COMM_BOUND_MIN_SHARE:
         out.append(Finding(
             "communication_bound", comm,
-            f"collective kernels not overlapped by compute take {comm:.0%} of step time",
-            "Overlap communication with compute (async collectives, a separate stream), send fewer "
-            "and larger all-reduces (fuse them), or lower the tensor-parallel degree."))
+            f"collective kernels not overlapped by compute take {comm:.0%} of step time (time waiting for "
+            "slower ranks included)",
+            "First compare every rank's trace of the same steps (perfsdk analyze rank0.json rank1.json): "
+            "part of this may be waiting for a straggler, which no interconnect change wins back. For the "
+            "transfer itself: overlap communication with compute (async collectives, a separate stream), send "
+            "fewer and larger all-reduces (fuse them), or lower the tensor-parallel degree."))
 
     # "healthy" means busy running kernels: time spent copying or in exposed collectives is
     # already charged to its own finding, so it does not make a step look healthy
