@@ -53,7 +53,8 @@ when torch is already imported and sees a GPU), MBU/MFU off with one warning
 saying what to pass. Settings also come from the environment (explicit
 arguments win): ``PERFSDK_ENABLED=0``, ``PERFSDK_MODEL`` (a known model name),
 ``PERFSDK_HARDWARE``, ``PERFSDK_SERVICE``, ``PERFSDK_MODEL_NAME``,
-``PERFSDK_METRICS_PORT`` (serve /metrics at start), ``PERFSDK_NVTX``,
+``PERFSDK_METRICS_PORT`` (serve /metrics at start; under torchrun each rank on that port plus its
+``LOCAL_RANK``, so the ranks of one host do not collide), ``PERFSDK_NVTX``,
 ``PERFSDK_OTEL``, ``PERFSDK_TIMING``, ``PERFSDK_CUDA_EVENTS``, ``PERFSDK_QUEUE_SIZE``,
 ``PERFSDK_STEP_SPAN_RATE``.
 """
@@ -731,7 +732,7 @@ class Monitor:
             self._collector.start()
         port = _env("PERFSDK_METRICS_PORT")
         if port is not None and self._enabled:
-            self.serve_metrics(port=int(port), addr=_env("PERFSDK_METRICS_ADDR") or "127.0.0.1")
+            self.serve_metrics(port=_rank_port(port), addr=_env("PERFSDK_METRICS_ADDR") or "127.0.0.1")
 
     # ---- construction helpers ----------------------------------------
     @staticmethod
@@ -1093,6 +1094,20 @@ def _register_step_type() -> None:
 
 
 _register_step_type()
+
+
+def _rank_port(base: str) -> int:
+    """``PERFSDK_METRICS_PORT`` for this process: the base port plus ``LOCAL_RANK`` (torchrun's local rank).
+
+    Every rank of a host gets its own /metrics port (one scrape target per rank: a rank that dies shows as
+    a target down), from one setting shared by all ranks. Port 0 (any free port) stays 0.
+    """
+    try:
+        port = int(base)
+    except ValueError:
+        raise ConfigError(f"PERFSDK_METRICS_PORT: expected a port number, got {base!r}") from None
+    local = os.environ.get("LOCAL_RANK", "")
+    return port + int(local) if port and local.isdigit() else port
 
 
 def _detect_rank(rank: int | str | None) -> int | None:

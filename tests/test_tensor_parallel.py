@@ -302,3 +302,52 @@ def test_the_tensor_parallel_benchmark_runs_end_to_end_on_cpu_under_torchrun(tmp
     assert "<- straggler" in straggler["comparison_report"]
     waiting = straggler["comparison"]["ranks"][0]
     assert waiting["rank"] == 0 and waiting["wait_share"] >= 0.1
+
+
+# ------------------------------------------------------------------ one /metrics per rank: why, and how
+def test_perfsdk_metrics_port_gives_each_local_rank_its_own_port() -> None:
+    """torchrun starts every rank with the same environment: PERFSDK_METRICS_PORT is the base, LOCAL_RANK
+    the offset, so the ranks of a host do not fight over one port."""
+    base = free_port() - 1
+    code = ("import perfsdk; m = perfsdk.Monitor(otel=False, nvtx=False); "
+            "print(m.serve_metrics().port); m.close()")
+    got = []
+    for local in ("0", "1"):
+        env = {**os.environ, "PERFSDK_METRICS_PORT": str(base), "LOCAL_RANK": local, "WORLD_SIZE": "2",
+               "RANK": local}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                             check=False)
+        assert out.returncode == 0, out.stderr
+        got.append(int(out.stdout.split()[0]))
+    assert got == [base, base + 1]
+    env = {**os.environ, "PERFSDK_METRICS_PORT": "ninety", "LOCAL_RANK": "1"}
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert bad.returncode != 0 and "PERFSDK_METRICS_PORT: expected a port number, got 'ninety'" in bad.stderr
+
+
+def test_with_a_multiprocess_directory_a_dead_rank_is_silent(tmp_path: Path) -> None:
+    """Why docs/metrics.md recommends one port per rank: behind PROMETHEUS_MULTIPROC_DIR both ranks are
+    served from one endpoint (apart by their rank label), and a rank whose process has exited keeps being
+    served with its last values -- nothing tells Prometheus it is gone."""
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    worker = ("import perfsdk\n"
+              "mon = perfsdk.Monitor(otel=False, nvtx=False, model_name='tp', timing='host')\n"
+              "for _ in range(STEPS):\n"
+              "    with mon.decode(batch=1, context_tokens=8):\n"
+              "        pass\n"
+              "mon.close()\n")
+    for rank, steps in ((0, 5), (1, 3)):
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mp), "WORLD_SIZE": "2", "RANK": str(rank)}
+        subprocess.run([sys.executable, "-c", worker.replace("STEPS", str(steps))], env=env, check=True, timeout=120)
+    read = ("from perfsdk.sinks.prometheus import multiprocess_registry\n"
+            "reg = multiprocess_registry()\n"
+            "for r in ('0', '1'):\n"
+            "    print(reg.get_sample_value('perfsdk_step_seconds_count', {'model': 'tp', 'phase': 'decode', "
+            "'rank': r}))\n")
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mp)}
+    out = subprocess.run([sys.executable, "-c", read], env=env, capture_output=True, text=True, timeout=120,
+                         check=True).stdout.split()
+    # both processes have exited, yet both ranks' counts are still served, as if alive
+    assert [float(v) for v in out] == [5.0, 3.0]

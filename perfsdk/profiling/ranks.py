@@ -12,7 +12,8 @@ all-reduce blocks its thread. So, per rank, over the same captured steps:
 * **transfer**: the smallest of those over the ranks — the straggler's, which waited for no one;
 * **wait**: each rank's time in collectives minus the transfer — time lost to the slowest rank;
 * **the straggler**: the rank that waits least, named when another rank waits at least
-  :data:`STRAGGLER_MIN_WAIT_SHARE` of a step for it.
+  :data:`STRAGGLER_MIN_WAIT_SHARE` of a step for it and — when the traces hold the same steps — it
+  arrived last in at least :data:`STRAGGLER_MIN_STEP_SHARE` of them.
 
 ::
 
@@ -52,13 +53,19 @@ from typing import Any
 from perfsdk.errors import ConfigError
 from perfsdk.profiling.analyze import COMM_BOUND_MIN_SHARE, Diagnosis, Finding, StepStats, analyze_trace
 
-__all__ = ["STRAGGLER_MIN_WAIT_SHARE", "RankComparison", "RankStats", "analyze_ranks", "compare_ranks"]
+__all__ = ["STRAGGLER_MIN_STEP_SHARE", "STRAGGLER_MIN_WAIT_SHARE", "RankComparison", "RankStats", "analyze_ranks",
+           "compare_ranks"]
 
 # The largest wait of any rank for the slowest one, as a share of step time, from which the slowest
 # rank is named a straggler. Ranks of a healthy group reach each collective within launch jitter of
 # one another (a few % of a decode step); a rank that holds the others a tenth of every step costs
 # the whole group that tenth, which is more than most single-GPU fixes win.
 STRAGGLER_MIN_WAIT_SHARE = 0.10
+# Share of the captured steps in which that rank must have arrived last. A rank slowed once (a page fault,
+# another process on its core, a GC pause) arrives last in one step and not the next, and a few such
+# hiccups can still average to a tenth of a step over a short capture (seen on a shared 2-core CPU); a
+# straggler arrives last in nearly every step. Three of four steps, the default capture.
+STRAGGLER_MIN_STEP_SHARE = 0.75
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
 
@@ -195,10 +202,12 @@ def compare_ranks(diagnoses: Sequence[Diagnosis], ranks: Sequence[int] | None = 
              for d, steps in zip(diagnoses, per_rank, strict=True)]
     transfer = min(c for _, c in means)
     least = [0] * len(diagnoses)
-    if aligned:  # step by step: who waited least in each step
+    if aligned:  # step by step: who waited least in each step (a tie credits nobody: nobody waited)
         for k in range(counts[0]):
             comms = [_comm_us(d, steps[k]) for d, steps in zip(diagnoses, per_rank, strict=True)]
-            least[comms.index(min(comms))] += 1
+            low = min(comms)
+            if comms.count(low) == 1:
+                least[comms.index(low)] += 1
     stats = [RankStats(rank=r, source=d.source, steps=len(steps), step_us=step, comm_us=comm,
                        wait_us=comm - transfer, straggler_steps=n)
              for d, steps, r, (step, comm), n in zip(diagnoses, per_rank, ids, means, least, strict=True)]
@@ -209,7 +218,12 @@ def compare_ranks(diagnoses: Sequence[Diagnosis], ranks: Sequence[int] | None = 
     worst_wait = max(s.wait_us for s in stats)
     findings: list[Finding] = []
     straggler = None
-    if group_step > 0 and worst_wait / group_step >= STRAGGLER_MIN_WAIT_SHARE:
+    consistent = not aligned or slowest.straggler_steps >= STRAGGLER_MIN_STEP_SHARE * slowest.steps
+    if group_step > 0 and worst_wait / group_step >= STRAGGLER_MIN_WAIT_SHARE and not consistent:
+        notes.append(f"ranks wait up to {worst_wait / group_step:.0%} of a step for each other, but no rank arrived "
+                     f"last in {STRAGGLER_MIN_STEP_SHARE:.0%} of the steps (rank {slowest.rank}: "
+                     f"{slowest.straggler_steps} of {slowest.steps}): one-off hiccups, not a straggler")
+    if group_step > 0 and worst_wait / group_step >= STRAGGLER_MIN_WAIT_SHARE and consistent:
         straggler = slowest.rank
         others = [s for s in stats if s.rank != straggler]
         outside = statistics.fmean(s.outside_us for s in others)
