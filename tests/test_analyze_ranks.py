@@ -42,14 +42,14 @@ def tp_traces(compute_us: list[float] | list[list[float]], *, transfer_us: float
     out: list[list[dict[str, Any]]] = [[] for _ in range(world)]
     corr = [0] * world
     t = 0.0  # the GPU clock, shared: lockstep
-    for compute_us in per_step:
+    for compute in per_step:
         step_start = t
         kernels: list[list[tuple[str, float, float]]] = [[] for _ in range(world)]
         for _layer in range(layers):
-            arrive = [t + launch_gap_us + c for c in compute_us]
+            arrive = [t + launch_gap_us + c for c in compute]
             done = max(arrive) + transfer_us
             for r in range(world):
-                kernels[r].append((GEMM, t + launch_gap_us, compute_us[r]))
+                kernels[r].append((GEMM, t + launch_gap_us, compute[r]))
                 kernels[r].append((NCCL, arrive[r], done - arrive[r]))
             t = done
         for r in range(world):
@@ -102,7 +102,7 @@ def test_the_slow_rank_is_named_and_the_others_wait_for_it(tmp_path: Path) -> No
     assert cmp.findings[1].share == pytest.approx(0.25)
     # each trace alone: rank 0 looks communication-bound (75%), which the comparison explains as waiting
     assert diags[1].communication_share == pytest.approx(0.75)
-    assert [f.kind for f in diags[1].findings][0] == "communication_bound"
+    assert diags[1].findings[0].kind == "communication_bound"
 
 
 def test_balanced_ranks_have_no_straggler(tmp_path: Path) -> None:

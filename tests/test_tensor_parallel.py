@@ -291,7 +291,7 @@ def test_the_tensor_parallel_benchmark_runs_end_to_end_on_cpu_under_torchrun(tmp
     for c in [*res["configs"], *res["straggler_runs"]]:
         assert [r["rank"] for r in c["ranks"]] == [0, 1]
         for r in c["ranks"]:
-            assert r["steps"] == 6 and r["step_ms_perfsdk_mean"] > 0 and 0 < r["mbu_perfsdk_mean"]
+            assert r["steps"] == 6 and r["step_ms_perfsdk_mean"] > 0 and r["mbu_perfsdk_mean"] > 0
             assert r["profile"]["error"] is None and Path(r["profile"]["trace"]).exists()
         # the same steps captured on both ranks; each step's communication share per rank
         assert [r["steps"] for r in c["comparison"]["ranks"]] == [2, 2]
