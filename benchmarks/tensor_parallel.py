@@ -45,6 +45,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -367,6 +368,8 @@ def main() -> int:
     ap.add_argument("--straggler-fraction", type=float, default=0.3,
                     help="extra work on the straggler, as a fraction of a healthy step")
     ap.add_argument("--no-straggler", dest="straggler", action="store_false")
+    ap.add_argument("--timeout-s", type=float, default=300.0,
+                    help="collective timeout: a rank stuck in a collective fails after this instead of hanging")
     a = ap.parse_args()
     cpu = a.device == "cpu"
     if not cpu and not torch.cuda.is_available():
@@ -375,11 +378,11 @@ def main() -> int:
     if cpu:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timedelta(seconds=a.timeout_s))
     else:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, timeout=timedelta(seconds=a.timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     shape = SHAPES[a.shape or ("tiny" if cpu else "llama-3-8b")]
     ctx = a.ctx or (64 if cpu else 1024)

@@ -52,6 +52,7 @@ def test_rules_pass_promtool_check_and_unit_tests() -> None:
     assert "SUCCESS" in unit.stdout
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="grafana-foundation-sdk, which builds it, needs Python 3.11")
 def test_the_committed_dashboard_is_what_the_generator_builds() -> None:
     run = subprocess.run([sys.executable, str(GRAFANA / "build_dashboard.py"), "--check"],
                          capture_output=True, text=True, check=False)

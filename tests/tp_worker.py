@@ -62,7 +62,7 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--straggler", type=int, default=-1)
-    ap.add_argument("--extra-ms", type=float, default=30.0)
+    ap.add_argument("--extra-ms", type=float, default=50.0)
     ap.add_argument("--profile-at", type=int, default=5)
     ap.add_argument("--profile-steps", type=int, default=3)
     a = ap.parse_args()
