@@ -56,7 +56,9 @@ value from serving code (``mon.decode(batch=-1)``, ``req.tokens(float("nan"))``)
 
 ``perfsdk.Monitor()`` with no arguments works: host timers (or CUDA events when torch is already imported
 and sees a GPU), MBU/MFU off with one warning saying what to pass. Every setting also comes from a
-``PERFSDK_*`` environment variable (explicit arguments win): see :mod:`perfsdk.config`.
+``PERFSDK_*`` environment variable (explicit arguments win): see :mod:`perfsdk.config`. Under torchrun,
+``PERFSDK_METRICS_PORT`` serves each rank on that port plus its ``LOCAL_RANK``, so the ranks of one host do
+not collide.
 """
 
 from __future__ import annotations
@@ -350,8 +352,8 @@ class Monitor:
         if port is not None and self._enabled:
             from perfsdk.config import _int
 
-            self.serve_metrics(port=_int("PERFSDK_METRICS_PORT (environment)", port, 0, 65535),
-                               addr=cfg.metrics_addr)
+            base = _int("PERFSDK_METRICS_PORT (environment)", port, 0, 65535)
+            self.serve_metrics(port=_rank_port(base), addr=cfg.metrics_addr)
 
     # ---- construction helpers ----------------------------------------
     def _default_compute_dtype(self) -> str:
@@ -670,15 +672,21 @@ class Monitor:
             self._collector.window = w
         self._core.feed_window = w is not None
 
-    def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api") -> Any:
-        """Ask for one profiler capture of *steps* steady-state steps; returns a handle to wait on."""
-        w = self._window if self._window is not None else self.enable_profiler()
-        return w.trigger(steps=steps, mode=mode, reason=reason)
+    def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api", *,
+                steady: bool = True) -> Any:
+        """Ask for one profiler capture of *steps* steady-state steps; returns a handle to wait on.
 
-    def window_deps(self) -> tuple[ErrorGuard, Callable[[float], None] | None, str]:
-        """What a profiler window needs from its Monitor: the error guard, the busy-gauge setter, the rank."""
+        ``steady=False``: no steady-state gate; the next step entered starts the capture (called at the same
+        step on every rank of a tensor-parallel group, it captures the same steps on each).
+        """
+        w = self._window if self._window is not None else self.enable_profiler()
+        return w.trigger(steps=steps, mode=mode, reason=reason, steady=steady)
+
+    def window_deps(self) -> tuple[ErrorGuard, Callable[[float | None, float | None], None] | None, str]:
+        """What a profiler window needs from its Monitor: the error guard, the profile gauges' setter
+        (GPU busy and communication fractions of the last capture), the rank."""
         prom = self._prom
-        return (self._errors, prom.profile_busy.set if prom is not None else None,
+        return (self._errors, prom.set_profile if prom is not None else None,
                 self._extra_label_values[0] if self._extra_label_values else "0")
 
 
@@ -723,6 +731,18 @@ def _seconds(values: Any) -> tuple[float, ...]:
     except TypeError:
         raise ConfigError(f"expected a sequence of seconds, got {values!r}") from None
     return tuple(f for f in map(finite_seconds, items) if f is not None)
+
+
+def _rank_port(port: int) -> int:
+    """``PERFSDK_METRICS_PORT`` for this process: the base port plus ``LOCAL_RANK`` (torchrun's local rank).
+
+    Every rank of a host gets its own /metrics port (one scrape target per rank: a rank that dies shows as
+    a target down), from one setting shared by all ranks. Port 0 (any free port) stays 0.
+    """
+    import os
+
+    local = os.environ.get("LOCAL_RANK", "")
+    return port + int(local) if port and local.isdigit() else port
 
 
 def _detect_rank(rank: int | str | None) -> int | None:

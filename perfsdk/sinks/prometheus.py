@@ -20,7 +20,7 @@ multi-process value files.
 
 With ``PROMETHEUS_MULTIPROC_DIR`` set, prometheus_client writes values to
 per-process files; every gauge here declares ``mostrecent`` (the hardware peaks and
-the last capture's busy fraction are facts, not sums), and :func:`multiprocess_registry`
+the last capture's busy and communication fractions are facts, not sums), and :func:`multiprocess_registry`
 reads all processes back for ``/metrics``.
 """
 
@@ -77,6 +77,7 @@ class MetricSet:
     dropped: Counter
     internal_errors: Counter
     profile_busy: Gauge
+    profile_comm: Gauge
     extra_labels: tuple[str, ...]
 
 
@@ -141,6 +142,9 @@ def _create(reg: CollectorRegistry, extra: tuple[str, ...]) -> MetricSet:
                                 "(they never reach the server).", extra, registry=reg),
         profile_busy=Gauge("perfsdk_profile_gpu_busy_fraction", "GPU busy fraction of the last profiler "
                            "window's trace.", m, registry=reg, multiprocess_mode="mostrecent"),
+        profile_comm=Gauge("perfsdk_profile_communication_fraction", "Share of step time in collectives not "
+                           "overlapped by compute in the last profiler window's trace (waits for other ranks "
+                           "included).", m, registry=reg, multiprocess_mode="mostrecent"),
         extra_labels=extra,
     )
 
@@ -156,7 +160,7 @@ class PrometheusSink:
         self.duration = metrics.duration.labels(*mv)
         self.itl = metrics.itl.labels(*mv)
         self.queue = metrics.queue.labels(*mv)
-        self.profile_busy = metrics.profile_busy.labels(*mv)
+        self._mv = mv  # the profile gauges' children are bound at the first capture (set_profile)
         self.step: list[Any] = []
         self.mbu: list[Any] = []
         self.mfu: list[Any] = []
@@ -176,6 +180,17 @@ class PrometheusSink:
             metrics.internal_errors.labels(*extra_values) if extra_values else metrics.internal_errors
         )
         self._extra_values = extra_values
+
+    def set_profile(self, busy: float | None, comm: float | None) -> None:
+        """Export the last profiler capture's GPU busy and communication fractions.
+
+        Their series appear at the first capture, not before: a 0 exported before any capture would read
+        as an idle GPU, or as the one rank of a group that waits for nobody (the straggler alert's test).
+        """
+        if busy is not None:
+            self.metrics.profile_busy.labels(*self._mv).set(busy)
+        if comm is not None:
+            self.metrics.profile_comm.labels(*self._mv).set(comm)
 
     def set_hardware(self, device: str, bandwidth: float, flops: dict[str, float]) -> None:
         self.metrics.peak_bandwidth.labels(device, *self._extra_values).set(bandwidth)
