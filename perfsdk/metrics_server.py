@@ -83,7 +83,10 @@ class MetricsServer:
     def metrics(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        return generate_latest(self._registry), CONTENT_TYPE_LATEST
+        from perfsdk.sinks.prometheus import update_lock
+
+        with update_lock(self._registry):  # all of one step export or none of it (bytes / seconds stay exact)
+            return generate_latest(self._registry), CONTENT_TYPE_LATEST
 
     def authorized(self, header: str | None) -> bool:
         if self._token is None:

@@ -154,7 +154,7 @@ class Monitor:
             extension was built and the events allow, else in Python; ``"c"`` (raise if not possible) or
             ``"python"``. ``Monitor.hot_path`` says which runs.
         poll_interval: the step core's shortest idle sleep (s; it backs off to 0.1 s while idle).
-        export_interval: how often the collector hands results to the sinks (s, default 0.1).
+        export_interval: how often the collector hands results to the sinks (s, default 0.25).
         strict: raise :class:`~perfsdk.errors.ConfigError` for bad values from serving code instead of
             dropping and counting them (tests; :mod:`perfsdk.testing` turns it on).
         clock: a ``() -> int`` nanosecond clock (tests); default ``time.perf_counter_ns``.
@@ -270,7 +270,7 @@ class Monitor:
 
             self.registry = registry if registry is not None else REGISTRY
             self._prom = PrometheusSink(metric_set(self.registry, extra_labels), self.model_name,
-                                        self._extra_label_values)
+                                        self._extra_label_values, self.registry)
             if self.hardware is not None:
                 flops = {k: float(v) for k, v in self.hardware.flops.items()}
                 self._prom.set_hardware(self.hardware.name, self.hardware.memory_bandwidth, flops)
@@ -279,7 +279,8 @@ class Monitor:
         if cfg.otel and self._enabled:
             from perfsdk.sinks.otel import make_otel_sink
 
-            self._otel = make_otel_sink(tracer_provider, self.model_name, self._epoch_offset_ns)
+            self._otel = make_otel_sink(tracer_provider, self.model_name, self._epoch_offset_ns,
+                                        interval=cfg.export_interval)
             if self._otel is None and cfg.otel_explicit:
                 from perfsdk.errors import MissingDependencyError
 
@@ -609,21 +610,23 @@ class Monitor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def serve_metrics(self, port: int = 9400, addr: str = "127.0.0.1", *, token: str | None = None) -> MetricsServer:
+    def serve_metrics(self, port: int | None = None, addr: str = "127.0.0.1", *,
+                      token: str | None = None) -> MetricsServer:
         """Serve ``GET /metrics`` (and ``POST /profile``, a profiler-window trigger) on a daemon thread.
 
-        Binding anywhere but loopback requires *token* for the trigger (``Authorization: Bearer …``).
-        Called again it returns the running server, if it serves the same port and address (else
-        :class:`~perfsdk.errors.ConfigError`: one server per Monitor).
+        *port*: default 9400; 0 picks a free one. Binding anywhere but loopback requires *token* for the
+        trigger (``Authorization: Bearer …``). Called again it returns the running server (one per Monitor);
+        asking for another port or address then is a :class:`~perfsdk.errors.ConfigError`.
         """
         from perfsdk.metrics_server import MetricsServer
 
         if self._server is not None:
-            if (port not in (0, self._server.port) or addr != self._server.addr):
+            if port not in (None, 0, self._server.port) or addr != self._server.addr:
                 raise ConfigError(f"serve_metrics: this Monitor already serves {self._server.url}; "
                                   f"close it first to serve {addr}:{port}")
             return self._server
-        self._server = MetricsServer(self, port=port, addr=addr, token=token, errors=self._errors)
+        self._server = MetricsServer(self, port=9400 if port is None else port, addr=addr, token=token,
+                                     errors=self._errors)
         return self._server
 
     def stats(self) -> dict[str, Any]:
