@@ -35,15 +35,35 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["CudaDriverError", "DriverEvents", "driver_events"]
+__all__ = ["CudaDriverError", "DriverAddresses", "DriverEvents", "driver_events"]
 
 CU_EVENT_BLOCKING_SYNC = 0x1
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_INVALID_CONTEXT = 201
 CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
+
+class DriverAddresses(NamedTuple):
+    """The driver functions the C hot path and step core call directly (addresses; 0 where absent).
+
+    Signatures are libcuda's: ``cuEventRecord(event, stream)``, ``cuStreamIsCapturing(stream, int*)``,
+    ``cuEventQuery(event)``, ``cuEventSynchronize(event)``, ``cuEventElapsedTime(float*, start, end)``,
+    ``cuCtxSetCurrent(ctx)`` and ``cuThreadExchangeStreamCaptureMode(int*)``; events and streams are the
+    handles :meth:`EventApi.new` and the stream call return. A scripted GPU in the tests provides the same
+    through ctypes callbacks.
+    """
+
+    record: int
+    is_capturing: int
+    query: int
+    synchronize: int
+    elapsed: int
+    ctx_set_current: int
+    context: int
+    exchange_capture_mode: int
 
 
 class CudaDriverError(RuntimeError):
@@ -184,10 +204,7 @@ class DriverEvents:
             return 0
 
     def addresses(self) -> Any:
-        """The driver functions the C hot path and step core call directly (a
-        :class:`~perfsdk.timing.DriverAddresses`)."""
-        from perfsdk.timing import DriverAddresses
-
+        """The driver functions the C hot path and step core call directly (a :class:`DriverAddresses`)."""
         py, _ = _libs()
 
         def address(name: str) -> int:

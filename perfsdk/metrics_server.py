@@ -20,16 +20,22 @@ import ipaddress
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
 from perfsdk._guard import ErrorGuard
 from perfsdk.errors import ConfigError
 
-if TYPE_CHECKING:
-    from perfsdk.monitor import Monitor
+__all__ = ["MetricsHost", "MetricsServer"]
 
-__all__ = ["MetricsServer"]
+
+class MetricsHost(Protocol):
+    """What the server needs of its Monitor (perfsdk.Monitor is one): the registry to serve and the
+    profiler-window trigger."""
+
+    registry: Any
+
+    def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api") -> Any: ...
 
 
 def _is_loopback(addr: str) -> bool:
@@ -42,7 +48,7 @@ def _is_loopback(addr: str) -> bool:
 
 
 class MetricsServer:
-    def __init__(self, mon: Monitor, port: int = 9400, addr: str = "127.0.0.1", token: str | None = None, *,
+    def __init__(self, mon: MetricsHost, port: int = 9400, addr: str = "127.0.0.1", token: str | None = None, *,
                  errors: ErrorGuard | None = None) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port: expected an integer within 0..65535, got {port!r}")

@@ -32,9 +32,9 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
-__all__ = ["DriverAddresses", "EventApi", "EventPool", "TorchEvents", "capture_check", "capture_checks",
+__all__ = ["EventApi", "EventPool", "TorchEvents", "capture_check", "capture_checks",
            "cuda_usable", "event_api", "make_recorder"]
 
 
@@ -119,26 +119,6 @@ def make_recorder() -> Callable[[Any], None]:
         record_on(event, stream())
 
     return record
-
-
-class DriverAddresses(NamedTuple):
-    """The driver functions the C hot path and step core call directly (addresses; 0 where absent).
-
-    Signatures are libcuda's: ``cuEventRecord(event, stream)``, ``cuStreamIsCapturing(stream, int*)``,
-    ``cuEventQuery(event)``, ``cuEventSynchronize(event)``, ``cuEventElapsedTime(float*, start, end)``,
-    ``cuCtxSetCurrent(ctx)`` and ``cuThreadExchangeStreamCaptureMode(int*)``; events and streams are the
-    handles :meth:`EventApi.new` and the stream call return. A scripted GPU in the tests provides the same
-    through ctypes callbacks.
-    """
-
-    record: int
-    is_capturing: int
-    query: int
-    synchronize: int
-    elapsed: int
-    ctx_set_current: int
-    context: int
-    exchange_capture_mode: int
 
 
 class EventApi(Protocol):

@@ -15,7 +15,7 @@ import struct
 import threading
 from typing import Any
 
-from perfsdk.timing import DriverAddresses
+from perfsdk.cuda_driver import DriverAddresses
 
 CUDA_ERROR_INVALID_CONTEXT = 201
 CUDA_ERROR_NOT_READY = 600

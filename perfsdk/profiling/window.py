@@ -73,7 +73,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from perfsdk.errors import ConfigError
 from perfsdk.profiling.capture import (
@@ -91,10 +91,17 @@ from perfsdk.profiling.capture import (
 from perfsdk.profiling.steady import SteadyGate
 from perfsdk.profiling.triggers import CaptureBudget, MbuDropDetector, SignalTrigger
 
-if TYPE_CHECKING:
-    from perfsdk.monitor import Monitor
+__all__ = ["MODES", "CaptureHandle", "CaptureResult", "ProfilerWindow", "WindowHost"]
 
-__all__ = ["MODES", "CaptureHandle", "CaptureResult", "ProfilerWindow"]
+
+class WindowHost(Protocol):
+    """What a window needs of its Monitor (perfsdk.Monitor is one): its model and GPU (the automatic trigger
+    watches MBU), and ``window_deps()``: the error guard, the profile gauges' setter and the rank label."""
+
+    model: Any
+    hardware: Any
+
+    def window_deps(self) -> tuple[Any, Any, str]: ...
 
 log = logging.getLogger("perfsdk")
 
@@ -186,7 +193,7 @@ class ProfilerWindow:
 
     def __init__(
         self,
-        mon: Monitor,
+        mon: WindowHost,
         *,
         mode: str = "torch",
         steps: int = 4,
