@@ -203,11 +203,13 @@ def main() -> int:
     }
     for mb in args.sizes:
         path = traces / f"synthetic_{mb}mb.pt.trace.json"
-        if path.exists():
-            info = {"bytes": path.stat().st_size, "events": None, "steps": None, "tiles": None}
+        sidecar = path.with_suffix(".info")
+        if path.exists() and sidecar.exists():  # written by an earlier run with --traces
+            info = json.loads(sidecar.read_text())
         else:
             info = write_synthetic_trace(path, mb * 10**6)
-        print(f"== {mb} MB: {info['bytes']:,} bytes, {info['events'] or '?'} events", file=sys.stderr, flush=True)
+            sidecar.write_text(json.dumps(info))
+        print(f"== {mb} MB: {info['bytes']:,} bytes, {info['events']:,} events", file=sys.stderr, flush=True)
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in codes}
         for _ in range(args.repeats):
             for name, code in codes.items():  # alternate before/after within each repeat
@@ -229,7 +231,7 @@ def main() -> int:
         if args.out:  # write after every size: a long run keeps what it measured
             args.out.write_text(json.dumps(result, indent=2) + "\n")
     if not args.traces:
-        for p in traces.glob("synthetic_*.json"):
+        for p in [*traces.glob("synthetic_*.json"), *traces.glob("synthetic_*.info")]:
             p.unlink()
     print(json.dumps([{k: v for k, v in r.items() if k not in ("before", "after")} for r in result["sizes"]],
                      indent=2))

@@ -299,14 +299,15 @@ try:
 
     _UNSET: Any = msgspec.UNSET
 
-    class _RawArgs(msgspec.Struct):
+    # gc=False: millions of short-lived records that hold no cycles need not be tracked by the collector
+    class _RawArgs(msgspec.Struct, gc=False):
         correlation: Any = msgspec.UNSET
         stream: Any = msgspec.UNSET
         bytes: Any = msgspec.UNSET
         graph_id_spaced: Any = msgspec.field(default=msgspec.UNSET, name="graph id")
         graph_id: Any = msgspec.UNSET
 
-    class _RawEvent(msgspec.Struct):
+    class _RawEvent(msgspec.Struct, gc=False):
         ph: Any = msgspec.UNSET
         cat: Any = msgspec.UNSET
         name: Any = msgspec.UNSET
