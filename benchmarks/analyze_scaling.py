@@ -19,6 +19,7 @@ peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``, which counts the interp
 ~25-70 MB). ``--before REF`` runs the same in a process whose ``perfsdk`` comes from ``git archive REF``
 (the code before a change), on the same traces in the same run, alternating before/after; both
 processes hash their ``to_dict()`` output, so the JSON also says whether the results are identical.
+``--stdlib`` adds the current code with the standard library's parser (what runs without msgspec).
 
 The machine matters: the numbers in ``benchmarks/results/`` were taken on a 2-core CPU shared with other
 work, so each row also records the median of ``--repeats`` runs. No test asserts any of these times.
@@ -51,7 +52,11 @@ t0 = time.perf_counter()
 import perfsdk
 from perfsdk.profiling.analyze import analyze_trace
 t1 = time.perf_counter()
-diag = analyze_trace(sys.argv[1])
+if sys.argv[2] != "auto":  # the parser of the reader (code that predates load_trace(parser=) is run as is)
+    from perfsdk.profiling.trace_events import load_trace
+    diag = analyze_trace(load_trace(sys.argv[1], parser=sys.argv[2]))
+else:
+    diag = analyze_trace(sys.argv[1])
 out = json.dumps(diag.to_dict(), sort_keys=True)
 t2 = time.perf_counter()
 print(json.dumps({
@@ -150,10 +155,10 @@ def _code_at(ref: str, into: Path) -> Path:
     return into
 
 
-def measure(trace: Path, code: Path) -> dict[str, Any]:
+def measure(trace: Path, code: Path, parser: str = "auto") -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(code))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(trace)], env=env, cwd=str(code),
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(trace), parser], env=env, cwd=str(code),
                           capture_output=True, text=True, check=True)
     wall = time.perf_counter() - t0
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -179,6 +184,8 @@ def main() -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[20, 50, 200], help="trace sizes in MB (1e6 bytes)")
     ap.add_argument("--before", metavar="GIT_REF", help="also measure perfsdk/ as of this commit")
     ap.add_argument("--before-max-mb", type=int, default=10**9, help="measure --before only up to this size")
+    ap.add_argument("--stdlib", action="store_true",
+                    help="also measure the current code with the standard library's parser (no msgspec)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per size and code (median reported)")
     ap.add_argument("--traces", type=Path, default=None, help="where to write the traces (kept)")
     ap.add_argument("--out", type=Path, default=None, help="write the results JSON here")
@@ -187,16 +194,19 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="perfsdk-analyze-scaling-"))
     traces = args.traces or tmp
     traces.mkdir(parents=True, exist_ok=True)
-    codes = {"after": ROOT}
+    codes: dict[str, tuple[Path, str]] = {"after": (ROOT, "auto")}
     if args.before:
-        codes = {"before": _code_at(args.before, tmp / "before"), "after": ROOT}
+        codes = {"before": (_code_at(args.before, tmp / "before"), "auto"), "after": (ROOT, "auto")}
+    if args.stdlib:
+        codes["after_stdlib"] = (ROOT, "json")
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, check=False).stdout.strip()
     result: dict[str, Any] = {
         "benchmark": "analyze_scaling",
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "processor": _cpu_name()},
-        "code": {"after": f"working tree at {head}", "before": args.before},
+        "code": {"after": f"working tree at {head} (msgspec when installed)", "before": args.before,
+                 "after_stdlib": "the same, load_trace(parser='json')" if args.stdlib else None},
         "template": str(TEMPLATE.relative_to(ROOT)),
         "sizes": [],
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -212,10 +222,10 @@ def main() -> int:
         print(f"== {mb} MB: {info['bytes']:,} bytes, {info['events']:,} events", file=sys.stderr, flush=True)
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in codes}
         for _ in range(args.repeats):
-            for name, code in codes.items():  # alternate before/after within each repeat
+            for name, (code, parser) in codes.items():  # alternate the variants within each repeat
                 if name == "before" and mb > args.before_max_mb:
                     continue
-                r = measure(path, code)
+                r = measure(path, code, parser)
                 runs[name].append(r)
                 print(f"   {name:6s} {r['analyze_s']:8.2f} s  {r['peak_rss_bytes'] / 2**20:8.0f} MiB  "
                       f"{r['steps']} steps", file=sys.stderr, flush=True)
@@ -223,8 +233,10 @@ def main() -> int:
         for name, rs in runs.items():
             if rs:
                 row[name] = _median_row(rs, info["bytes"])
+        measured = [row[name]["result_sha256"] for name in codes if name in row]
+        if len(measured) > 1:  # every variant's to_dict() hashed the same
+            row["identical_results"] = all(h == measured[0] for h in measured)
         if "before" in row and "after" in row:
-            row["identical_results"] = row["before"]["result_sha256"] == row["after"]["result_sha256"]
             row["speedup"] = row["before"]["analyze_s"] / row["after"]["analyze_s"]
             row["memory_ratio"] = row["after"]["peak_rss_bytes"] / row["before"]["peak_rss_bytes"]
         result["sizes"].append(row)
