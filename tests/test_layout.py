@@ -41,12 +41,14 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             targets = [f"{base}.{a.name}" for a in node.names] + [base]
-        for t in targets:
+        for target in targets:
+            t = target
             while t and t not in known:
                 t = t.rpartition(".")[0]
-            if t and t != name and t != "perfsdk":
+            if t and t not in (name, "perfsdk"):
                 out.add(t)
     return out
 

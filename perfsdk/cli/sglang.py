@@ -6,6 +6,7 @@ See :mod:`perfsdk.engines.sglang` for what it reads and how each forward becomes
 from __future__ import annotations
 
 import argparse
+import math
 import threading
 import time
 
@@ -46,6 +47,9 @@ def _run_cli(args: argparse.Namespace) -> int:
 
     if args.tp < 1:
         raise ConfigError(f"--tp: must be >= 1, got {args.tp}")
+    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
+        # nan and negatives stopped at once with exit 0, as if the feed had been watched
+        raise ConfigError(f"--duration: must be a positive, finite number of seconds, got {args.duration!r}")
     spec = load_model(args.model, args.tp)
     mon = perfsdk.Monitor(model=spec, hardware=args.hardware, model_name=args.model_name or spec.name,
                           service="sglang", timing="host")
