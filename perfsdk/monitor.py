@@ -225,12 +225,8 @@ class Monitor:
                 operation=self.operation, epoch_offset_ns=self._epoch_offset_ns,
                 export_interval=cfg.export_interval, untimed=lambda: self._steps.untimed)
             self._collector.start()
-            port = env("PERFSDK_METRICS_PORT")
-            if port is not None:
-                from perfsdk.config import _int
-
-                base = _int("PERFSDK_METRICS_PORT (environment)", port, 0, 65535)
-                self.serve_metrics(port=assembly.rank_port(base), addr=cfg.metrics_addr)
+            if cfg.metrics_port is not None:  # PERFSDK_METRICS_PORT, validated with the other settings
+                self.serve_metrics(port=assembly.rank_port(cfg.metrics_port), addr=cfg.metrics_addr)
 
     def _bind_hot(self) -> None:
         """Bind the hot path to the current :class:`~perfsdk.hotpath.HotState` (tests that swap a part of it)."""

@@ -99,9 +99,6 @@ class FakeGpu:
     def thread_setup(self) -> None:
         pass
 
-    def make_record(self) -> Any:
-        raise NotImplementedError
-
     def close(self) -> None:
         pass
 

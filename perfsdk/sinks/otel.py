@@ -159,9 +159,12 @@ class OtelSink:
             with self._cond:
                 if not self._jobs and not self._closed:
                     self._cond.wait(self._interval)
+                if self._closed:  # close() gave what it could to building; the rest is dropped, counted
+                    self.dropped += len(self._jobs)
+                    self._jobs.clear()
+                    self._cond.notify_all()
+                    return
                 if not self._jobs:
-                    if self._closed:
-                        return
                     continue
                 job = self._jobs.popleft()
                 self._busy += 1
