@@ -157,6 +157,7 @@ class Collector(threading.Thread):
             self.errors.log_once(site, message)
         if totals.empty():
             return False
+        _yield(0)
         self._each("steps", totals)
         w = self.window
         if w is not None and totals.window:
