@@ -202,7 +202,14 @@ class PyStepCore:
 
     def _drain(self) -> None:
         records = self._records
+        n = 0
         while records:
+            n += 1
+            if not n & 63:
+                # Let a serving thread waiting for the GIL take it: without this, a busy core keeps it for a
+                # whole switch interval (5 ms) and every serving thread of the process stalls. (The C core
+                # never holds the GIL; this is the reference's price.)
+                time.sleep(0)
             rec = records.popleft()
             if rec.timing == TIMED and rec.error is None:
                 self._pending.append(rec)
@@ -241,6 +248,7 @@ class PyStepCore:
             self._finish_one()
             if self._records:
                 return  # go back to reading new records
+            time.sleep(0)  # as in _drain: never hold the GIL through a run of steps
 
     def _wait_newest(self, newest: Any) -> bool:
         """Wait for the newest pending step's end; False if it is done already or cannot be waited on.
