@@ -191,7 +191,7 @@ def main() -> int:
             res = run_ladder(LadderConfig(
                 device="cuda", size=size, rungs=rungs, out_dir=str(tmp), num_prompts=args.prompts,
                 concurrency=args.concurrency, output_len=args.output_len, steps=args.steps,
-                progress=lambda m: print(m, file=sys.stderr, flush=True),
+                progress=lambda m: print(f"[{time.perf_counter() - t0:6.1f} s] {m}", file=sys.stderr, flush=True),
             ))
             res["dynamo_counters"] = {k: dict(v) for k, v in torch._dynamo.utils.counters.items() if v}
             for ext in ("md", "png"):
