@@ -130,6 +130,34 @@ def _strip(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def standalone(sizes: list[str], rungs: list[str], steps: int) -> dict[str, Any]:
+    """Each rung's own decode step at batch 1, context 1024, without the server (``--standalone-only``)."""
+    from perfsdk.demo.ladder import _peaks, _standalone
+    from perfsdk.demo.rungs import build_engine, prepare_model
+    from perfsdk.demo.stack import build_model, demo_model_spec
+
+    hw, _, cal_bw = _peaks("cuda", True)
+    out: dict[str, Any] = {}
+    for size in sizes:
+        model = build_model(size=size, device="cuda", max_batch_slots=32, max_seq=1024)
+        rows = []
+        for rung in rungs:
+            t0 = time.perf_counter()
+            prepare_model(model, rung)
+            engine = build_engine(model, rung, compile_int8=True)
+            spec = demo_model_spec(model, f"demo-{size}")
+            row = _standalone(engine, spec, hw, batch=1, context=1024, steps=steps)
+            row["mbu_calibrated"] = row["mbu"] * hw.memory_bandwidth / cal_bw if row.get("mbu") and cal_bw else None
+            row.update(rung=rung, build_and_first_steps_s=round(time.perf_counter() - t0, 1),
+                       weight_bytes=spec.weight_bytes, int8_kernel=getattr(engine, "int8_kernel", None))
+            print(f"{size} {rung}: {row}", flush=True)
+            rows.append(row)
+            del engine
+        out[size] = rows
+        del model
+    return out
+
+
 def summary(results: dict[str, Any]) -> list[str]:
     lines = []
     for size, res in results["ladders"].items():
@@ -163,6 +191,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--rungs", default=None)
     ap.add_argument("--no-kernel-check", action="store_true")
+    ap.add_argument("--standalone-only", action="store_true",
+                    help="each rung's batch-1 step without the server (a quick check; needs --rungs)")
+    ap.add_argument("--name", default="h200_ladder", help="the JSON's file name, without .json")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -185,6 +216,14 @@ def main() -> int:
             traceback.print_exc()
             results["int8_kernel"] = {"error": f"{type(e).__name__}: {e}"}
     rungs = tuple(args.rungs.split(",")) if args.rungs else None
+    if args.standalone_only:
+        results["standalone"] = standalone(args.sizes.split(","), list(rungs or ()), args.steps)
+        from perfsdk.demo.int8_triton import chosen_configs
+
+        results["int8_kernel_configs_after"] = chosen_configs()
+        results["elapsed_s"] = round(time.perf_counter() - t0, 1)
+        (out / f"{args.name}.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+        return 0
     for size in args.sizes.split(","):
         tmp = Path(tempfile.mkdtemp(prefix=f"ladder-{size}-"))
         try:
@@ -209,7 +248,7 @@ def main() -> int:
             gc.collect()
             torch.cuda.empty_cache()
         results["elapsed_s"] = round(time.perf_counter() - t0, 1)
-        (out / "h200_ladder.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+        (out / f"{args.name}.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
         print(f"{size} done at {results['elapsed_s']} s", file=sys.stderr, flush=True)
     print("\n".join(summary(results)), flush=True)
     return 0
