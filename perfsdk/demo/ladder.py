@@ -41,6 +41,7 @@ import json
 import logging
 import math
 import statistics
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -252,24 +253,31 @@ def _run_rung(cfg: LadderConfig, name: str, model: Any, s: Mapping[str, Any], hw
         row["standalone_b1"] = _standalone(eng, spec, hw, batch=1, context=s["context"], steps=s["steps"])
         _add_mbu(row["standalone_b1"], hw, cal_bw)
 
-        # the load, with perfsdk's profiler window armed on the serving engine
-        # Under a closed-loop load the batch changes whenever a request ends and the next one joins
-        # (every few steps at 16 in flight), and the gate restarts at each change: ask for 4 steps of
-        # one batch size, and capture anyway (marked not steady) after 3 s, so that a fast rung's short
-        # load is still profiled.
-        mon.enable_profiler(directory=str(out / "traces"), steps=cfg.profile_steps, warmup=1, steady_window=4,
-                            steady_cv=0.3, warmup_steps=1, steady_timeout_s=3.0)
-        handle = mon.profile(steps=cfg.profile_steps, reason="ladder")
+        # the load, with perfsdk's profiler window armed on the serving engine once it is at full batch
         n_before = len(eng.stats.batch_sizes)
         ctx_before = eng.stats.decode_context_tokens
         _say(cfg, f"perfsdk ladder: {name}: load, {s['num_prompts']} requests at concurrency {s['concurrency']}")
         bench_path = str(out / f"bench-{name}.json")
-        load = _bench(stack.server.base_url, stack.model_name, prompts=s["num_prompts"],
-                      concurrency=s["concurrency"], input_len=s["input_len"], output_len=s["output_len"],
-                      seed=s["seed"], save=bench_path)
+        done: list[Any] = []
+
+        def load_thread() -> None:
+            try:
+                done.append(_bench(stack.server.base_url, stack.model_name, prompts=s["num_prompts"],
+                                   concurrency=s["concurrency"], input_len=s["input_len"],
+                                   output_len=s["output_len"], seed=s["seed"], save=bench_path))
+            except BaseException as e:
+                done.append(e)
+
+        t = threading.Thread(target=load_thread, name="perfsdk-ladder-load", daemon=True)
+        t.start()
+        handle = _arm_profile(cfg, mon, eng, n_before, s["concurrency"], t, out)
+        t.join()
+        if isinstance(done[0], BaseException):
+            raise done[0]
+        load = done[0]
         eng.wait_idle(timeout=30)
-        capture = handle.wait(timeout=60)
-        if capture is None:  # still armed: the load ended before the window saw steady steps
+        capture = handle.wait(timeout=60) if handle is not None else None
+        if handle is not None and capture is None:  # still armed: the load ended before the window captured
             mon.enable_profiler().cancel("the load ended before the window captured")
         mon.flush(timeout=30)
         stats = mon.stats()
@@ -320,6 +328,25 @@ def _run_rung(cfg: LadderConfig, name: str, model: Any, s: Mapping[str, Any], hw
     return row
 
 
+def _arm_profile(cfg: LadderConfig, mon: Any, eng: Any, n_before: int, concurrency: int, load: threading.Thread,
+                 out: Path) -> Any:
+    """Arm perfsdk's profiler window once the load runs at about full batch; None if it never does.
+
+    Under a closed-loop load the batch changes whenever a request ends and the next one joins (every few
+    steps at 16 in flight) and the steady gate restarts at each change, so the window asks for 4 steps of
+    one batch size and captures anyway (marked not steady) 3 s after arming.
+    """
+    mon.enable_profiler(directory=str(out / "traces"), steps=cfg.profile_steps, warmup=1, steady_window=4,
+                        steady_cv=0.3, warmup_steps=1, steady_timeout_s=3.0)
+    target = max(1, (3 * concurrency) // 4)
+    while load.is_alive():
+        sizes = eng.stats.batch_sizes
+        if len(sizes) - n_before >= 8 and sizes[-1] >= target:
+            return mon.profile(steps=cfg.profile_steps, reason="ladder")
+        time.sleep(0.005)
+    return None
+
+
 def _add_mbu(d: dict[str, Any], hw: Any, cal_bw: float | None) -> None:
     """MBU against the calibrated copy bandwidth too (the Monitor's is against its hardware spec)."""
     mbu = d.get("mbu")
@@ -327,9 +354,30 @@ def _add_mbu(d: dict[str, Any], hw: Any, cal_bw: float | None) -> None:
     d["mbu_calibrated"] = mbu * bw / cal_bw if mbu is not None and bw and cal_bw else None
 
 
+def _decode_steps(diag: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The profiled decode steps alone (the window also records the prefills that fall inside it)."""
+    steps = [st for st in diag.get("steps") or [] if st.get("name") == "perfsdk.decode" and st.get("gpu_window_us")]
+    if not steps:
+        return None
+    busy = sum(st["gpu_busy_us"] for st in steps)
+    shares: dict[str, float] = {}
+    for st in steps:  # category shares weighted by each step's busy time
+        for c, v in (st.get("category_shares") or {}).items():
+            shares[c] = shares.get(c, 0.0) + v * st["gpu_busy_us"] / busy if busy else 0.0
+    return {
+        "steps": len(steps),
+        "gpu_window_us": statistics.fmean(st["gpu_window_us"] for st in steps),
+        "gpu_busy_us": busy / len(steps),
+        "kernels": statistics.fmean(st["kernels"] for st in steps),
+        "graph_launches": statistics.fmean(st.get("graph_launches", 0) for st in steps),
+        "category_shares": {c: round(v, 4) for c, v in shares.items()},
+    }
+
+
 def _profile(capture: Any) -> dict[str, Any]:
     if capture is None:
-        return {"captured": False, "verdict": None, "kind": None, "reason": "the load ended before the window captured"}
+        return {"captured": False, "verdict": None, "kind": None,
+                "reason": "the load ended before the window captured"}
     diag = capture.diagnosis or {}
     findings = diag.get("findings") or []
     top = findings[0] if findings else None
@@ -359,6 +407,7 @@ def _profile(capture: Any) -> dict[str, Any]:
         "graph_launches_per_step": summary.get("graph_launches_per_step"),
         "host_syncs_per_step": summary.get("host_syncs_per_step"),
         "category_shares": summary.get("category_shares"),
+        "decode": _decode_steps(diag),
         "report": report,
     }
 
@@ -402,20 +451,25 @@ def _explain(row: dict[str, Any], prev: Mapping[str, Any] | None) -> None:
         pp = prev.get("profile") or {}
         pl = prev.get("load") or {}
         pstep = pl.get("step_ms_p50")
-        busy = pp.get("gpu_busy")
         kind = pp.get("kind")
-        cats = pp.get("category_shares") or {}
-        if name == "graph" and pstep and busy is not None:
-            predicted = pstep * busy
-            hyp = (f"{prev['rung']} was {kind or 'not diagnosed'} (GPU busy {busy:.0%} of a {pstep:.2f} ms step). "
-                   f"If the idle time is launch gaps, one graph launch per step leaves only the GPU's own work: "
-                   f"step ≈ {pstep:.2f} × {busy:.2f} = {predicted:.2f} ms.")
-        elif name == "compile" and pstep and busy is not None and cats:
+        dec = pp.get("decode") or {}
+        kernel_ms = dec.get("gpu_busy_us", 0.0) / 1000
+        cats = dec.get("category_shares") or {}
+        if name == "graph" and pstep and dec:
+            # in a graph the kernels still run one after the other, with ~1 µs between dependent ones
+            predicted = kernel_ms + dec["kernels"] * 0.001
+            hyp = (f"{prev['rung']} was {kind or 'not diagnosed'}: a profiled decode step kept the GPU busy "
+                   f"{kernel_ms:.2f} ms of its {dec['gpu_window_us'] / 1000:.2f} ms (profiler time included), "
+                   f"over {dec['kernels']:.0f} kernels. If the rest is launch gaps, one graph launch per step "
+                   f"leaves the kernels and about 1 µs between each two: step ≈ {kernel_ms:.2f} + "
+                   f"{dec['kernels']:.0f} × 0.001 = {predicted:.2f} ms.")
+        elif name == "compile" and pstep and cats:
             small = sum(cats.get(c, 0.0) for c in ("elementwise", "normalization", "other"))
+            busy = kernel_ms / (dec["gpu_window_us"] / 1000) if dec.get("gpu_window_us") else 1.0
             predicted = pstep * (1 - busy * small)
-            hyp = (f"{prev['rung']} was {kind or 'not diagnosed'}; its GPU time is {small:.0%} elementwise, "
-                   f"normalization and other small kernels. If fusion makes them free: step ≈ {pstep:.2f} × "
-                   f"(1 − {busy:.2f} × {small:.2f}) = {predicted:.2f} ms.")
+            hyp = (f"{prev['rung']} was {kind or 'not diagnosed'}; {small:.0%} of its decode steps' GPU time is "
+                   f"elementwise, normalization and other small kernels (GPU busy {busy:.0%}). If fusion made "
+                   f"them free: step ≈ {pstep:.2f} × (1 − {busy:.2f} × {small:.2f}) = {predicted:.2f} ms.")
         elif name == "int8" and pstep and prev.get("spec") and row.get("spec"):
             from perfsdk import budget
             from perfsdk.model import ModelSpec
