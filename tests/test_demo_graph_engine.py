@@ -29,7 +29,10 @@ def model() -> Transformer:
 def _run_all(engine: Engine, prompts: list[str], params: SamplingParams) -> list[list[int]]:
     async def go() -> list[list[int]]:
         handles = [engine.submit(TOK.encode(p), params) for p in prompts]
-        return [[t async for t in h] for h in handles]
+        out = []
+        for h in handles:
+            out.append([t async for t in h])
+        return out
 
     return asyncio.run(go())
 

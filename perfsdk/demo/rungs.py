@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CUDA_ENGINE",
+    "DEFAULT_CUDA_ENGINE_OTHERWISE",
     "RUNGS",
     "RUNG_NAMES",
     "Rung",
@@ -85,15 +86,19 @@ RUNGS: dict[str, Rung] = {
 
 RUNG_NAMES: tuple[str, ...] = tuple(RUNGS)
 
-#: What plain ``perfsdk demo`` serves on CUDA: the fastest rung measured on an H200 (docs/benchmarks.md).
-DEFAULT_CUDA_ENGINE = "compile"
+#: What plain ``perfsdk demo`` serves on CUDA, per model size: the rung measured fastest on an H200
+#: (benchmarks/results/h200_ladder.json). For 1b the int8 kernel loses to bf16 on its small matrices.
+DEFAULT_CUDA_ENGINE: dict[str, str] = {"8b": "int8"}
+DEFAULT_CUDA_ENGINE_OTHERWISE = "compile"
 
 
-def resolve_engine(name: str, device: str) -> str:
-    """``"auto"``: eager on a CPU (the demo as it always was), :data:`DEFAULT_CUDA_ENGINE` on CUDA."""
+def resolve_engine(name: str, device: str, size: str | None = None) -> str:
+    """``"auto"``: eager on a CPU (the demo as it always was), the fastest rung for *size* on CUDA."""
     n = name.strip().lower()
     if n == "auto":
-        return DEFAULT_CUDA_ENGINE if device.startswith("cuda") else "eager"
+        if not device.startswith("cuda"):
+            return "eager"
+        return DEFAULT_CUDA_ENGINE.get(size or "", DEFAULT_CUDA_ENGINE_OTHERWISE)
     if n not in RUNGS:
         raise ConfigError(f"engine: expected auto or one of {', '.join(RUNGS)}, got {name!r}.{suggest(n, RUNGS)}")
     return n

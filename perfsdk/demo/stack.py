@@ -207,12 +207,13 @@ def start_demo(
     from perfsdk.demo.server import DemoServer, create_app
 
     dev = resolve_device(device)
-    rung = resolve_engine(engine, dev)
     if model is None:
         size = size or default_size(dev)
-        model = build_model(size=size, device=dev, max_batch_slots=max_batch_slots, max_seq=max_seq, seed=seed)
     else:
         size = size or next((k for k, v in _sizes().items() if v == model.args), "custom")
+    rung = resolve_engine(engine, dev, size)  # a bad name fails before a model is built
+    if model is None:
+        model = build_model(size=size, device=dev, max_batch_slots=max_batch_slots, max_seq=max_seq, seed=seed)
     model_name = f"demo-{size}"
     notes: list[str] = []
     mon = None
