@@ -17,9 +17,10 @@ Every rung (:mod:`perfsdk.demo.rungs`, one change each) runs the same measuremen
    CUDA), timed on the device by a :class:`perfsdk.Monitor` of its own: step time, tokens/s, and
    perfsdk's MBU against the datasheet and against this machine's calibrated copy bandwidth;
 2. **served load**: the instrumented HTTP server under ``num_prompts`` streaming requests at
-   ``concurrency`` in flight (:mod:`perfsdk.bench`, in its own process), with perfsdk's profiler window
-   (``Monitor.profile``) armed: it captures a few steady steps and :func:`perfsdk.profiling.analyze.analyze_trace`
-   (``perfsdk analyze``) gives the verdict: launch-, sync-, copy- or memory-bound;
+   ``concurrency`` in flight (:mod:`perfsdk.bench`, in its own process); once the load runs at about full
+   batch, perfsdk's profiler window (``Monitor.profile``) captures a few steady steps and
+   :func:`perfsdk.profiling.analyze.analyze_trace` (``perfsdk analyze``) gives the verdict: launch-, sync-,
+   copy- or memory-bound;
 3. **served batch 1**: three requests one after the other: the tokens/s one user sees;
 4. **standalone at the load's shape** (its mean batch and context): the in-server step over the bare
    loop's, which says what serving costs on top of the kernels;
@@ -471,12 +472,10 @@ def _explain(row: dict[str, Any], prev: Mapping[str, Any] | None) -> None:
                    f"elementwise, normalization and other small kernels (GPU busy {busy:.0%}). If fusion made "
                    f"them free: step ≈ {pstep:.2f} × (1 − {busy:.2f} × {small:.2f}) = {predicted:.2f} ms.")
         elif name == "int8" and pstep and prev.get("spec") and row.get("spec"):
-            from perfsdk import budget
-            from perfsdk.model import ModelSpec
-
-            ctx = round((load.get("context_mean") or 0) * (load.get("batch_mean") or 1))
-            old = budget.decode_step_bytes(ModelSpec(**_spec_fields(prev["spec"])), ctx)
-            new = budget.decode_step_bytes(ModelSpec(**_spec_fields(row["spec"])), ctx)
+            # decode step bytes = weights + KV bytes per token × the batch's context (budget.decode_step_bytes)
+            ctx = (load.get("context_mean") or 0) * (load.get("batch_mean") or 1)
+            old = prev["spec"]["weight_bytes"] + prev["spec"]["kv_bytes_per_token"] * ctx
+            new = row["spec"]["weight_bytes"] + row["spec"]["kv_bytes_per_token"] * ctx
             predicted = pstep * new / old
             hyp = (f"{prev['rung']} was {kind or 'not diagnosed'}. A memory-bound step is bytes over bandwidth: "
                    f"{new / 1e9:.2f} GB instead of {old / 1e9:.2f} GB per step at the same bandwidth gives "
@@ -505,12 +504,6 @@ def _explain(row: dict[str, Any], prev: Mapping[str, Any] | None) -> None:
     else:
         row["prediction_held"] = None
     row["result"] = res
-
-
-def _spec_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
-    # enough of a ModelSpec for the byte count: weights plus KV per token (as layers × 1 head × bytes)
-    return {"params": spec["params"], "weight_bytes": spec["weight_bytes"], "layers": 1, "kv_heads": 1,
-            "head_dim": 1, "kv_bytes": spec["kv_bytes_per_token"] / 2}
 
 
 def _rung_why() -> dict[str, str]:
