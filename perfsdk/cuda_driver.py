@@ -35,15 +35,35 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["CudaDriverError", "DriverEvents", "driver_events"]
+__all__ = ["CudaDriverError", "DriverAddresses", "DriverEvents", "driver_events"]
 
 CU_EVENT_BLOCKING_SYNC = 0x1
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_INVALID_CONTEXT = 201
 CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
+
+class DriverAddresses(NamedTuple):
+    """The driver functions the C hot path and step core call directly (addresses; 0 where absent).
+
+    Signatures are libcuda's: ``cuEventRecord(event, stream)``, ``cuStreamIsCapturing(stream, int*)``,
+    ``cuEventQuery(event)``, ``cuEventSynchronize(event)``, ``cuEventElapsedTime(float*, start, end)``,
+    ``cuCtxSetCurrent(ctx)`` and ``cuThreadExchangeStreamCaptureMode(int*)``; events and streams are the
+    handles :meth:`EventApi.new` and the stream call return. A scripted GPU in the tests provides the same
+    through ctypes callbacks.
+    """
+
+    record: int
+    is_capturing: int
+    query: int
+    synchronize: int
+    elapsed: int
+    ctx_set_current: int
+    context: int
+    exchange_capture_mode: int
 
 
 class CudaDriverError(RuntimeError):
@@ -182,6 +202,22 @@ class DriverEvents:
             return int(ctypes.cast(py.cuStreamIsCapturing, ctypes.c_void_p).value or 0)
         except (OSError, AttributeError):
             return 0
+
+    def addresses(self) -> Any:
+        """The driver functions the C hot path and step core call directly (a :class:`DriverAddresses`)."""
+        py, _ = _libs()
+
+        def address(name: str) -> int:
+            f = getattr(py, name, None)
+            return int(ctypes.cast(f, ctypes.c_void_p).value or 0) if f is not None else 0
+
+        return DriverAddresses(
+            record=self.record_address(), is_capturing=self.capture_check_address(), query=address("cuEventQuery"),
+            synchronize=address("cuEventSynchronize"),
+            elapsed=address("cuEventElapsedTime_v2") or address("cuEventElapsedTime"),
+            ctx_set_current=address("cuCtxSetCurrent"), context=int(self._ctx or 0),
+            exchange_capture_mode=address("cuThreadExchangeStreamCaptureMode"),
+        )
 
     def raise_for(self, code: int) -> None:
         """Raise :class:`CudaDriverError` for a failed record's result code."""

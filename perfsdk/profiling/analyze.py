@@ -35,12 +35,21 @@ change to try: ``launch_bound``, ``sync_bound``, ``copy_bound``, ``communication
 healthy ``memory_bound`` (decode) / ``compute_bound`` (prefill) when the GPU is kept busy.
 
 A trace without GPU events (CPU-only profiling) still gets step times and host-side findings:
-reads of tensor values (``aten::item``), which on a GPU each wait for the device.
+reads of tensor values (``aten::item``), which on a GPU each wait for the device, and the time
+the step spent in collectives (gloo's ``gloo:all_reduce`` ranges, which run on gloo's own threads
+and include the wait for the slowest rank).
+
+**Communication share.** ``summary()["communication_share"]`` is the share of step time spent in
+collectives that nothing else overlapped: NCCL (and custom all-reduce) kernels on a GPU, gloo/NCCL
+ranges on the host in a CPU-only trace. In tensor parallelism it includes the *wait* for the slowest
+rank; comparing it across the ranks of one group separates waiting from transfer:
+:mod:`perfsdk.profiling.ranks` (``perfsdk analyze rank0.json rank1.json``).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 import re
 import statistics
@@ -103,6 +112,10 @@ _LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cuGraphLaunch"
 _GRAPH_LAUNCH = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_v10000"})
 # host reads of a tensor value: item() / bool() / tolist() all end in _local_scalar_dense
 _HOST_READ_OPS = frozenset({"aten::_local_scalar_dense"})
+# host-side collectives (CPU-only traces): torch.distributed's record_function ranges ("gloo:all_reduce",
+# "nccl:all_reduce", ...) and its c10d ops. gloo runs the collective on its own threads, so these are
+# looked for on every thread, and their union (ranges nest and overlap) is the time spent in them.
+_HOST_COLLECTIVE = re.compile(r"^(?:gloo|nccl|mpi|ucc|xccl):|^c10d::")
 
 
 @dataclass(frozen=True)
@@ -119,7 +132,7 @@ class Finding:
                 "suggestion": self.suggestion}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Gap:
     """A stretch where no GPU op ran on any stream, and why (``launch_wait``, ``after_sync``, ``other``)."""
 
@@ -163,6 +176,7 @@ class StepStats:
     copy_us: float = 0.0
     copy_bytes: int = 0
     exposed_comm_us: float = 0.0
+    host_comm_us: float = 0.0  # CPU-only traces: time inside collectives (any thread), within the step
     host_reads: int = 0
     host_read_us: float = 0.0
 
@@ -216,6 +230,7 @@ class StepStats:
             "h2d_pageable_bytes": self.h2d_pageable_bytes,
             "copy_us": round(self.copy_us, 2),
             "exposed_comm_us": round(self.exposed_comm_us, 2),
+            "host_comm_us": round(self.host_comm_us, 2),
             "host_reads": self.host_reads,
         }
 
@@ -240,6 +255,16 @@ class Diagnosis:
         steps = self._gpu_steps()
         window = sum(s.gpu_window_us for s in steps)
         return sum(s.gpu_busy_us for s in steps) / window if window > 0 else None
+
+    @property
+    def communication_share(self) -> float | None:
+        """Share of step time in collectives nothing overlapped (GPU: kernels; CPU-only: host ranges)."""
+        if self.has_gpu:
+            steps = self._gpu_steps()
+            window = sum(s.gpu_window_us for s in steps)
+            return sum(s.exposed_comm_us for s in steps) / window if window > 0 else None
+        host = sum(s.host_dur_us for s in self.steps)
+        return sum(s.host_comm_us for s in self.steps) / host if host > 0 else None
 
     def _mean(self, attr: str) -> float:
         steps = self._gpu_steps() if self.has_gpu else self.steps
@@ -273,6 +298,8 @@ class Diagnosis:
             "h2d_pageable_copies_per_step": round(self._mean("h2d_pageable_copies"), 2),
             "graph_launches_per_step": round(self._mean("graph_launches"), 2),
             "host_reads_per_step": round(self._mean("host_reads"), 2),
+            "communication_share": None if (comm := self.communication_share) is None else round(comm, 4),
+            "communication_us_mean": round(self._mean("exposed_comm_us" if self.has_gpu else "host_comm_us"), 2),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -302,6 +329,9 @@ class Diagnosis:
                              sorted(s["category_shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
             if cats:
                 lines.append(f"  host operator time by category (self time): {cats}")
+            if s["communication_us_mean"]:
+                lines.append(f"  in collectives: {s['communication_share']:.0%} of step time "
+                             f"({s['communication_us_mean'] / 1000:.3f} ms per step, waits for other ranks included)")
         elif busy is not None:
             lines.append(f"  GPU busy {busy:.0%}; idle: waiting for launch {s['idle_launch_wait_share']:.0%} "
                          f"(after a host sync {s['idle_after_sync_share']:.0%}), "
@@ -315,6 +345,9 @@ class Diagnosis:
             cats = ", ".join(f"{c} {v:.0%}" for c, v in
                              sorted(s["category_shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
             lines.append(f"  GPU time by category: {cats or '-'}")
+            if s["communication_us_mean"]:
+                lines.append(f"  in collectives, not overlapped: {s['communication_share']:.0%} of step time "
+                             f"({s['communication_us_mean'] / 1000:.3f} ms per step, waits for other ranks included)")
         if self.findings:
             lines.append("findings (by time at stake):")
             for i, f in enumerate(self.findings, 1):
@@ -385,12 +418,17 @@ def _self_times(ops: list[Event]) -> list[tuple[Event, float]]:
     return out
 
 
-def _in_span(events_by_thread: Mapping[tuple[str, str], list[Event]], all_events: list[Event],
-             span: _StepSpan) -> list[Event]:
-    """Host events that started inside *span* (on its thread, if it has one)."""
-    evs = all_events if span.thread is None else events_by_thread.get(span.thread, [])
-    starts = [e.ts for e in evs]
-    return evs[bisect.bisect_left(starts, span.start):bisect.bisect_left(starts, span.end)]
+class _SpanIndex:
+    """Host events by thread with their start times, built once: each step's lookup is two bisects."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self._all = (events, [e.ts for e in events])
+        self._by_thread = {t: (evs, [e.ts for e in evs]) for t, evs in _by_thread(events).items()}
+
+    def started_in(self, span: _StepSpan) -> list[Event]:
+        """Host events that started inside *span* (on its thread, if it has one)."""
+        evs, starts = self._all if span.thread is None else self._by_thread.get(span.thread, ([], []))
+        return evs[bisect.bisect_left(starts, span.start):bisect.bisect_left(starts, span.end)]
 
 
 def _by_thread(events: Iterable[Event]) -> dict[tuple[str, str], list[Event]]:
@@ -473,16 +511,26 @@ def analyze_trace(
     """
     trace = source if isinstance(source, Trace) else load_trace(source)
     spans, step_source = _step_spans(trace, step_pattern)
-    runtime_by_thread = _by_thread(trace.runtime)
-    cpu_by_thread = _by_thread(trace.cpu_ops)
+    if not spans:
+        raise ConfigError(
+            f"trace: {trace.source!r} holds no timed events (complete 'X' events of torch.profiler's "
+            "categories: kernels, CUDA runtime calls, operators, record_function ranges): "
+            "it is not a profiler trace with steps to analyse"
+        )
+    runtime_in = _SpanIndex(trace.runtime)
+    cpu_in = _SpanIndex(trace.cpu_ops)
     ops = trace.gpu_ops
+    # CPU-only traces: time inside collectives, on any thread (gloo works on its own threads)
+    host_comm = [] if trace.has_gpu else _merge(
+        (e.ts, e.end) for e in (*trace.annotations, *trace.cpu_ops) if _HOST_COLLECTIVE.match(e.name))
+    host_comm_starts = [b[0] for b in host_comm]
 
     steps: list[StepStats] = []
     step_of_corr: dict[int, int] = {}
     step_calls: list[list[Event]] = []
     for i, span in enumerate(spans):
         st = StepStats(index=i, name=span.name, host_start_us=span.start, host_dur_us=span.end - span.start)
-        calls = _in_span(runtime_by_thread, trace.runtime, span)
+        calls = runtime_in.started_in(span)
         step_calls.append(calls)
         for c in calls:
             if c.correlation is not None:
@@ -501,7 +549,9 @@ def analyze_trace(
                 st.blocking_copies += 1
             if c.name in _HOST_SYNCS or c.name == "cudaMemcpy":
                 st.sync_blocked_us += c.dur
-        cpu_in_step = _in_span(cpu_by_thread, trace.cpu_ops, span)
+        cpu_in_step = cpu_in.started_in(span)
+        if not trace.has_gpu and host_comm:
+            st.host_comm_us = _overlap(host_comm, host_comm_starts, span.start, span.end)
         for op in cpu_in_step:
             if op.name in _HOST_READ_OPS:
                 st.host_reads += 1
@@ -524,11 +574,15 @@ def analyze_trace(
                 if k is not None:
                     step_ops[k].append(op)
         else:
+            # the first span (in order) with start <= ts < end: spans are sorted by start, so among
+            # those that started by ts it is the first whose end, and so whose running maximum of
+            # ends, passes ts
+            span_starts = [sp.start for sp in spans]
+            max_ends = list(itertools.accumulate((sp.end for sp in spans), max))
             for op in ops:
-                for k, span in enumerate(spans):
-                    if span.start <= op.ts < span.end:
-                        step_ops[k].append(op)
-                        break
+                k = bisect.bisect_right(max_ends, op.ts)
+                if k < bisect.bisect_right(span_starts, op.ts):
+                    step_ops[k].append(op)
 
     gaps = _classify_gaps(trace, ops)
     gap_starts = [g.start for g in gaps]
@@ -673,9 +727,12 @@ def _findings(diag: Diagnosis) -> list[Finding]:
     if comm >= COMM_BOUND_MIN_SHARE:
         out.append(Finding(
             "communication_bound", comm,
-            f"collective kernels not overlapped by compute take {comm:.0%} of step time",
-            "Overlap communication with compute (async collectives, a separate stream), send fewer "
-            "and larger all-reduces (fuse them), or lower the tensor-parallel degree."))
+            f"collective kernels not overlapped by compute take {comm:.0%} of step time (time waiting for "
+            "slower ranks included)",
+            "First compare every rank's trace of the same steps (perfsdk analyze rank0.json rank1.json): "
+            "part of this may be waiting for a straggler, which no interconnect change wins back. For the "
+            "transfer itself: overlap communication with compute (async collectives, a separate stream), send "
+            "fewer and larger all-reduces (fuse them), or lower the tensor-parallel degree."))
 
     # "healthy" means busy running kernels: time spent copying or in exposed collectives is
     # already charged to its own finding, so it does not make a step look healthy
