@@ -24,8 +24,8 @@ def test_ladder_on_cpu_writes_the_table_the_log_and_the_plot(tmp_path: Path) -> 
     out = tmp_path / "ladder"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PERFSDK_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run(
-        [sys.executable, "-m", "perfsdk.cli", "demo", "--ladder", "--out", str(out), "--num-prompts", "6",
-         "--output-len", "24", "--concurrency", "3"],
+        [sys.executable, "-m", "perfsdk.cli", "demo", "--ladder", "--out", str(out), "--num-prompts", "8",
+         "--output-len", "48", "--concurrency", "4"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -42,7 +42,7 @@ def test_ladder_on_cpu_writes_the_table_the_log_and_the_plot(tmp_path: Path) -> 
     ran = [r for r in result["rungs"] if not r.get("skipped")]
     assert [r["rung"] for r in ran] == ["eager", "graph", "int8"]
     for r in ran:
-        assert r["load"]["completed"] == 6 and r["load"]["failed"] == 0
+        assert r["load"]["completed"] == 8 and r["load"]["failed"] == 0
         assert r["standalone_b1"]["step_ms_p50"] > 0
         assert r["monitor"]["internal_errors"] == 0
         assert r["profile"]["captured"], r["profile"]

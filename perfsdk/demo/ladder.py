@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 # per device kind: slots, concurrency, prompts, output tokens, standalone steps, batch-1 context, max_seq
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "cpu": {"slots": 4, "concurrency": 4, "prompts": 8, "output": "32", "steps": 16, "context": 256, "max_seq": 512},
+    "cpu": {"slots": 4, "concurrency": 4, "prompts": 8, "output": "48", "steps": 16, "context": 256, "max_seq": 512},
     "cuda": {"slots": 32, "concurrency": 16, "prompts": 64, "output": "128", "steps": 64, "context": 1024,
              "max_seq": 1024},
 }
