@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from perfsdk.demo.engine import Engine, SamplingParams  # noqa: E402
+from perfsdk.demo.engine import Engine, GenerationHandle, SamplingParams  # noqa: E402
 from perfsdk.demo.model import ModelArgs, Transformer  # noqa: E402
 from perfsdk.demo.tokenizer import EOS_ID, ByteTokenizer, printable_token_ids  # noqa: E402
 from perfsdk.errors import ConfigError  # noqa: E402
@@ -137,3 +137,64 @@ def test_stop_aborts_requests_in_flight() -> None:
         return h.finish_reason
 
     assert asyncio.run(run()) == "abort"
+
+
+def test_sampling_params_refuse_what_would_break_sampling() -> None:
+    for bad in (1e-300, float("inf"), float("nan"), -0.5):
+        with pytest.raises(ConfigError, match="temperature"):
+            SamplingParams(temperature=bad)
+    with pytest.raises(ConfigError, match="seed"):
+        SamplingParams(seed=2**70)
+    with pytest.raises(ConfigError, match="seed"):
+        SamplingParams(seed=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="ignore_eos"):
+        SamplingParams(ignore_eos="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="max_tokens"):
+        SamplingParams(max_tokens=True)
+    SamplingParams(temperature=0.0, seed=-(2**63))
+    SamplingParams(temperature=1e-3, seed=2**64 - 1)
+
+
+def test_prompt_token_ids_outside_the_vocabulary_are_refused(engine: Engine) -> None:
+    with pytest.raises(ConfigError, match="token ids"):
+        engine.generate([256, 10**6], _params(2))
+
+
+@pytest.mark.parametrize("engine_class", ["eager", "graph"])
+def test_a_request_that_fails_in_the_engine_fails_alone(engine_class: str) -> None:
+    """Issue 14: with 4 streams running, one bad request used to abort every request in flight."""
+    from perfsdk.demo.graph_engine import GraphEngine
+
+    model = Transformer(ARGS, max_batch_slots=5, max_seq=512, seed=0)
+    cls = Engine if engine_class == "eager" else GraphEngine
+    with cls(model, seed=0) as e:
+        bad = SamplingParams(max_tokens=4)
+        # A value the API and SamplingParams refuse, slipped past them: the sampler then fails
+        # (softmax(logits / 1e-300) is NaN, multinomial raises) inside the engine's batched step.
+        object.__setattr__(bad, "temperature", 1e-300)
+
+        async def scenario() -> tuple[list[list[int]], GenerationHandle]:
+            streams = [e.submit(TOK.encode(f"stream {i}"), _params(60)) for i in range(4)]
+            got: list[list[int]] = [[] for _ in streams]
+            culprit = None
+            async def drain(i: int) -> None:
+                nonlocal culprit
+                async for t in streams[i]:
+                    got[i].append(t)
+                    if i == 0 and len(got[0]) == 10:  # join while the others decode
+                        culprit = e.submit(TOK.encode("x"), bad)
+                        async for _ in culprit:
+                            pass
+
+            await asyncio.gather(*(drain(i) for i in range(4)))
+            assert culprit is not None
+            return got, culprit
+
+        got, culprit = asyncio.run(scenario())
+    assert [len(g) for g in got] == [60] * 4, "a bystander stream was cut short"
+    if engine_class == "eager":
+        assert culprit.finish_reason == "abort"
+        assert culprit.error is not None and "probability" in culprit.error
+        assert e.stats.failed == 1
+    else:  # the device sampler has no host failure to isolate: the request just completes
+        assert culprit.finish_reason in ("length", "stop")

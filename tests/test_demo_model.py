@@ -84,3 +84,27 @@ def test_tokenizer_round_trip_and_specials() -> None:
     assert EOS_ID in allowed
     assert all(len(tok.decode_token(i)) == 1 for i in allowed if i != EOS_ID)
     assert tok.apply_chat_template([("user", "hi")]).endswith("<|assistant|>\n")
+
+
+def test_batched_prefill_of_padded_prompts_equals_one_at_a_time() -> None:
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (9, 3, 14)]
+    one = _model()
+    singles = [one.prefill(p, slot=i) for i, p in enumerate(prompts)]
+    batched = _model()
+    width = max(len(p) for p in prompts)
+    tokens = torch.stack([torch.nn.functional.pad(p, (0, width - len(p))) for p in prompts])
+    lengths = torch.tensor([len(p) for p in prompts])
+    logits = batched.prefill_batch(tokens, lengths, torch.tensor([0, 1, 2]))
+    for i in range(3):
+        torch.testing.assert_close(logits[i], singles[i], rtol=1e-4, atol=1e-4)
+    # and decoding after either gives the same next logits (the padding's cache rows are never read)
+    step = torch.tensor([7, 8, 9])
+    torch.testing.assert_close(batched.decode(step, torch.tensor([0, 1, 2]), lengths),
+                               one.decode(step, torch.tensor([0, 1, 2]), lengths), rtol=1e-4, atol=1e-4)
+
+
+def test_the_cache_has_a_scratch_slot_past_the_requests_slots() -> None:
+    model = _model(slots=3)
+    assert model.scratch_slot == 3
+    assert model.layers[0].attention.k_cache.shape[0] == 4  # type: ignore[union-attr,index]

@@ -42,7 +42,7 @@ def test_prometheus_scrapes_the_demo_and_promql_sees_ttft(tmp_path: Path) -> Non
             while time.monotonic() < deadline and proc.poll() is None:
                 try:
                     result = _query(prom, "sum(gen_ai_server_time_to_first_token_seconds_count)")
-                except OSError:  # not listening yet
+                except (OSError, ValueError):  # not listening yet, or not ready (a 503 with a plain-text body)
                     result = []
                 if result and float(result[0]["value"][1]) >= 5:
                     break

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -229,3 +230,114 @@ def test_profile_endpoint_captures_under_load_and_returns_the_verdict(demo: Demo
     assert isinstance(body["findings"], list)
     # a second window while none is running is accepted again; a bad mode is a 400
     assert httpx.post(demo.server.base_url + "/debug/profile", params={"mode": "bogus"}).status_code == 400
+
+
+# ---- hostile input (issue 14, items 1 and 6): refused with 400/413 naming the field, never a 500 ----------
+
+
+@pytest.mark.parametrize(
+    ("field", "raw"),
+    [
+        ("temperature", '1e-300'),
+        ("temperature", "Infinity"),
+        ("temperature", "NaN"),
+        ("temperature", "-1"),
+        ("temperature", "7"),
+        ("temperature", '"hot"'),
+        ("seed", str(2**70)),
+        ("seed", "1.5"),
+        ("ignore_eos", '"yes"'),
+        ("stream", "1"),
+        ("max_tokens", "0"),
+        ("max_tokens", "1e300"),
+    ],
+)
+def test_bad_sampling_parameters_get_400_naming_the_field(demo: DemoStack, field: str, raw: str) -> None:
+    # raw JSON text: Python's json module reads Infinity and NaN, as the server's parser does
+    body = '{"prompt": "x", "max_tokens": 4, "%s": %s}' % (field, raw)  # noqa: UP031
+    if field == "max_tokens":
+        body = '{"prompt": "x", "max_tokens": %s}' % raw  # noqa: UP031
+    r = httpx.post(demo.server.base_url + "/v1/completions", content=body.encode(),
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field
+    assert field in err["message"]
+
+
+def test_nested_json_and_bad_content_parts_get_400_not_500(demo: DemoStack) -> None:
+    url = demo.server.base_url
+    deep = b"[" * 100_000 + b"]" * 100_000  # 200 kB: under the size limit, over the parser's recursion limit
+    r = httpx.post(url + "/v1/completions", content=deep, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert "deeply" in r.json()["error"]["message"]
+    nested_prompt = b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    r = httpx.post(url + "/v1/completions", content=nested_prompt, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    part = {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}], "max_tokens": 2}
+    r = httpx.post(url + "/v1/chat/completions", json=part, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages"
+    assert "content[0]" in r.json()["error"]["message"]
+    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+    assert httpx.post(url + "/v1/chat/completions", json=image, timeout=30).status_code == 400
+    ok = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 2}
+    assert httpx.post(url + "/v1/chat/completions", json=ok, timeout=30).status_code == 200
+    # and the server keeps serving on the same keep-alive connection
+    with httpx.Client(base_url=url, timeout=30) as client:
+        assert client.post("/v1/completions", content=deep, headers={"content-type": "application/json"}
+                           ).status_code == 400
+        assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(demo: DemoStack) -> None:
+    import socket
+
+    host, port = demo.server.host, demo.server.port
+    # Content-Length of 50 MB and not one byte of body: the answer must come from the header alone
+    # (the server used to wait for the body, then parse and tokenize it)
+    with socket.create_connection((host, port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 50000000\r\n\r\n")
+        head = b""
+        while b"exceeds the limit" not in head:
+            data = s.recv(4096)
+            if not data:
+                break
+            head += data
+    assert head.startswith(b"HTTP/1.1 413"), head[:200]
+    assert b"exceeds the limit" in head
+
+    # a chunked body has no Content-Length: refused as soon as it passes the limit, memory flat
+    before = _rss_bytes()
+    chunk = b'{"prompt": "' + b"x" * (1 << 20)
+    with socket.create_connection((host, port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        answer = b""
+        try:
+            for _ in range(50):  # 50 MB offered, 1 MB at a time
+                s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                s.settimeout(0.05)
+                try:
+                    answer += s.recv(4096)
+                except TimeoutError:
+                    continue
+                if answer:
+                    break
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed while we were still sending
+        s.settimeout(30)
+        try:
+            answer += s.recv(4096)
+        except OSError:
+            pass
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert _rss_bytes() - before < 32 << 20  # the 50 MB were never held
+    after = httpx.post(demo.server.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert after.status_code == 200

@@ -6,6 +6,12 @@
     perfsdk demo --duration 8 --json         # shorter, machine-readable
     perfsdk demo --serve --port 8000         # report, then keep serving until Ctrl-C
     perfsdk demo --device cuda --model-size 1b --request-rate 16
+    perfsdk demo --device cuda --engine eager  # the naive engine (default on CUDA: the fastest rung)
+    perfsdk demo --ladder                      # every rung under one load, perfsdk's verdict on each
+
+``--engine`` picks a rung of :mod:`perfsdk.demo.rungs` (eager, graph, compile, int8); ``auto`` is the eager
+engine on a CPU and the fastest rung on CUDA. ``--ladder`` runs :mod:`perfsdk.demo.ladder`: the seeds'
+table and the loop's log (hypothesis, change, result) under ``--out``.
 
 The load is :mod:`perfsdk.bench` (Poisson arrivals at ``--request-rate`` for ``--duration`` seconds,
 so ``rate × duration`` requests unless ``--num-prompts`` says otherwise), sent over real HTTP to the
@@ -28,13 +34,14 @@ __all__ = ["register", "run_demo"]
 log = logging.getLogger(__name__)
 
 # per device kind: (duration s, request rate, output tokens, KV-cache slots). The rates stay well inside
-# what the default model serves there (tiny on 2 CPU cores: ~8 running at ~10 ms a step; 1b eager on an
-# H200: ~500 tokens/s, its eager steps launch-bound and sharing the GIL with the HTTP threads), so the
-# report shows a healthy server, not a growing queue.
+# what the default model serves there (tiny on 2 CPU cores: ~8 running at ~10 ms a step; 1b on an H200:
+# ~190 tokens/s under load with the eager engine, several thousand with the compiled one), so the report
+# shows a healthy server, not a growing queue. --engine eager on CUDA keeps the old 3 requests/s.
 _DEFAULTS: dict[str, tuple[float, float, str, int]] = {
     "cpu": (25.0, 4.0, "64", 8),
-    "cuda": (30.0, 3.0, "128", 32),
+    "cuda": (30.0, 8.0, "128", 32),
 }
+_EAGER_CUDA_RATE = 3.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,10 +59,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (default: auto)")
-    p.add_argument("--model-size", default=None, help="tiny | small | 1b (default: tiny on CPU, 1b on CUDA)")
+    p.add_argument("--model-size", default=None, help="tiny | small | 1b | 8b (default: tiny on CPU, 1b on CUDA)")
+    p.add_argument("--engine", default="auto",
+                   help="auto | eager | graph | compile | int8 (default auto: eager on CPU, the fastest rung on CUDA)")
     p.add_argument("--duration", type=float, default=None, help="seconds of load (default 25 on CPU, 30 on CUDA)")
     p.add_argument("--num-prompts", type=int, default=None, help="requests to send (default: rate × duration)")
-    p.add_argument("--request-rate", type=float, default=None, help="requests/s, Poisson (default 4 CPU, 3 CUDA)")
+    p.add_argument("--request-rate", type=float, default=None,
+                   help="requests/s, Poisson (default 4 CPU, 8 CUDA, 3 with --engine eager on CUDA)")
     p.add_argument("--input-len", default="uniform:32-128", help="prompt tokens: N or uniform:A-B")
     p.add_argument("--output-len", default=None, help="output tokens: N or uniform:A-B (default 64 CPU, 128 CUDA)")
     p.add_argument(
@@ -65,18 +75,56 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--seed", type=int, default=0, help="weights, prompts and sampling seed")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-calibrate", action="store_true", help="on CPU, skip the quick calibration (MBU/MFU off)")
+    g = p.add_argument_group("ladder")
+    g.add_argument("--ladder", action="store_true", help="run every engine rung under one load; table, log and plot")
+    g.add_argument("--rungs", default=None, help="comma-separated rungs (default: all this device runs)")
+    g.add_argument("--out", default="perfsdk-ladder", help="where the ladder writes (default ./perfsdk-ladder)")
+    g.add_argument("--concurrency", type=int, default=None, help="ladder load: requests in flight (16 CUDA, 4 CPU)")
     p.set_defaults(func=run_demo)
 
 
+def run_ladder_cli(args: argparse.Namespace) -> int:
+    from perfsdk.demo.ladder import LadderConfig, format_table, run_ladder
+
+    cfg = LadderConfig(
+        device=args.device,
+        size=args.model_size,
+        rungs=tuple(r.strip() for r in args.rungs.split(",") if r.strip()) if args.rungs else None,
+        out_dir=args.out,
+        max_batch_slots=args.max_batch,
+        num_prompts=args.num_prompts,
+        concurrency=args.concurrency,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        seed=args.seed,
+        calibrate=not args.no_calibrate,
+        progress=_say,
+    )
+    result = run_ladder(cfg)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(format_table(result))
+        files = result.get("files") or {}
+        plot = files.get("plot", "(no matplotlib)")
+        print(f"  log: {files.get('markdown')}; data: {files.get('json')}; plot: {plot}")
+    ran = [r for r in result["rungs"] if not r.get("skipped")]
+    return 0 if ran and all((r.get("load") or {}).get("completed") for r in ran) else 1
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    if args.ladder:
+        return run_ladder_cli(args)
     from perfsdk.bench import BenchConfig
     from perfsdk.demo.report import build_report, format_report
-    from perfsdk.demo.stack import resolve_device, start_demo
+    from perfsdk.demo.stack import resolve_device, run_load, start_demo
 
     device = resolve_device(args.device)
     kind = "cuda" if device.startswith("cuda") else "cpu"
     d_duration, d_rate, d_output, d_slots = _DEFAULTS[kind]
     duration = d_duration if args.duration is None else args.duration
+    if kind == "cuda" and args.engine.strip().lower() == "eager":
+        d_rate = _EAGER_CUDA_RATE
     rate = d_rate if args.request_rate is None else args.request_rate
     if duration <= 0:
         raise ConfigError(f"--duration must be positive, got {duration}")
@@ -97,10 +145,12 @@ def run_demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_batch_slots=args.max_batch or d_slots,
         calibrate=not args.no_calibrate,
+        engine=args.engine,
     )
     try:
         base = stack.server.base_url
-        _say(f"perfsdk demo: {stack.model_name} serving at {base} (metrics: {base}/metrics)")
+        _say(f"perfsdk demo: {stack.model_name} ({stack.rung} engine, built in {stack.build_seconds:.1f} s) serving at "
+             f"{base} (metrics: {base}/metrics)")
         _say(f"perfsdk demo: sending {num_prompts} requests at {rate:g}/s for about {duration:g} s…")
         config = BenchConfig(
             base_url=base,
@@ -116,7 +166,7 @@ def run_demo(args: argparse.Namespace) -> int:
             timeout_s=max(30.0, duration),
             progress=sys.stderr.isatty() and not args.json,
         )
-        result = _run_load(config)
+        result = run_load(config)
         stack.engine.wait_idle(timeout=10.0)
         monitor_stats: dict[str, Any] | None = None
         if stack.monitor is not None:
@@ -145,41 +195,6 @@ def run_demo(args: argparse.Namespace) -> int:
         return 0 if completed > 0 else 1
     finally:
         stack.close()
-
-
-def _load_child(config: Any, path: str) -> None:
-    from perfsdk.bench import benchmark
-
-    benchmark(config, progress=config.progress).save(path)
-
-
-def _run_load(config: Any) -> Any:
-    """Run the load generator in its own process, as a real client would be.
-
-    In the server's process its asyncio loop would take the GIL from the engine thread between kernel
-    launches and slow every step down; a separate process keeps the server's numbers honest.
-    """
-    import multiprocessing
-    import tempfile
-    from pathlib import Path
-
-    from perfsdk.bench import BenchResult
-
-    with tempfile.TemporaryDirectory(prefix="perfsdk-demo-") as tmp:
-        path = str(Path(tmp) / "bench.json")
-        proc = multiprocessing.get_context("spawn").Process(
-            target=_load_child, args=(config, path), name="perfsdk-demo-load"
-        )
-        proc.start()
-        try:
-            proc.join()
-        finally:
-            if proc.is_alive():  # Ctrl-C reached us first
-                proc.terminate()
-                proc.join(5)
-        if proc.exitcode != 0 or not Path(path).exists():
-            raise RuntimeError(f"the load generator failed (exit code {proc.exitcode}); see its messages above")
-        return BenchResult.load(path)
 
 
 def _say(msg: str) -> None:

@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
@@ -85,9 +86,20 @@ class _NullRecorder:
 _NULL_RECORDER = _NullRecorder()
 
 
+#: Smallest positive temperature: below it sampling is greedy in effect, and ``logits / t`` heads for
+#: float overflow (``1e-300`` gives inf, then NaN probabilities). 0 means greedy.
+MIN_TEMPERATURE = 1e-3
+#: Seeds are what ``torch.Generator.manual_seed`` takes.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens. ``temperature == 0`` is greedy; ``seed`` makes sampling repeatable."""
+    """How to pick tokens. ``temperature == 0`` is greedy; ``seed`` makes sampling repeatable.
+
+    Invalid values raise :class:`~perfsdk.errors.ConfigError` naming the field, here at construction,
+    so that a bad request is refused before it reaches the engine thread.
+    """
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -95,10 +107,22 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise ConfigError(f"max_tokens must be an integer, got {self.max_tokens!r}")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+            raise ConfigError(f"temperature must be a finite number, got {t!r}")
+        if t < 0 or 0 < t < MIN_TEMPERATURE:
+            raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {t!r}")
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+                raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+            if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+                raise ConfigError(f"seed must be within [-2**63, 2**64 - 1], got {self.seed}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ConfigError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
 
 
 @dataclass
@@ -143,6 +167,7 @@ class GenerationHandle:
         self.cache_len = 0
         self.last_token = 0
         self.generated = 0
+        self.scheduled = 0  # tokens enqueued on the device (GraphEngine runs one step ahead of emission)
         self.generator: torch.Generator | None = None
         self.engine_done = False  # set by the engine thread; finish_reason is the consumer's view
 
@@ -187,6 +212,7 @@ class EngineStats:
     submitted: int = 0
     finished: int = 0
     aborted: int = 0
+    failed: int = 0  # requests that failed alone (their error isolated from the rest of the batch)
     prefill_steps: int = 0
     decode_steps: int = 0
     tokens_generated: int = 0
@@ -199,7 +225,14 @@ class EngineStats:
 
 
 class Engine:
-    """Continuous batching over a :class:`~perfsdk.demo.model.Transformer`'s KV-cache slots."""
+    """Continuous batching over a :class:`~perfsdk.demo.model.Transformer`'s KV-cache slots.
+
+    The ladder's first rung, ``eager``: each step is the model's eager forward (one kernel launch per
+    op), prompts are prefilled one at a time, and each step's sampled ids are read back on the host
+    before the next step is launched.
+    """
+
+    name = "eager"
 
     def __init__(
         self,
@@ -290,6 +323,46 @@ class Engine:
                 self._cv.wait(min(left, 0.05))
         return True
 
+    def warm_up(self, max_length: int | None = None) -> None:
+        """Nothing to prepare for eager steps (the fast rungs compile and capture here)."""
+
+    def _timing_shape(self, batch: int, context: int, steps: int) -> tuple[int, int]:
+        if not 0 < batch <= self.max_batch_slots:
+            raise ConfigError(f"batch must be in 1..{self.max_batch_slots}, got {batch}")
+        if not 0 < steps < self.max_seq:
+            raise ConfigError(f"steps must be in 1..{self.max_seq - 1}, got {steps}")
+        with self._cv:
+            if self._running or self._waiting:
+                raise RuntimeError("time_decode needs an idle engine: it borrows the first KV-cache slots")
+        # the last step sees `context` tokens (itself included), as far as max_seq allows
+        last = min(max(context, steps), self.max_seq) - 1
+        return batch, last - steps + 1
+
+    @torch.inference_mode()
+    def time_decode(
+        self, batch: int, context: int, steps: int = 32, phase: Callable[..., Any] | None = None
+    ) -> float:
+        """Run *steps* decode steps of *batch* sequences ending at *context* tokens, outside serving.
+
+        The step is this engine's own (the same forward and the same per-step read of the sampled
+        ids), on the first *batch* KV-cache slots, so the engine must be idle. *phase* wraps each step
+        (pass ``monitor.decode`` to have perfsdk time it on the device); returns host seconds per step,
+        the loop's pace: 1 / that is tokens per second per sequence.
+        """
+        b, p0 = self._timing_shape(batch, context, steps)
+        phase = phase or _null_phase
+        device = self.model.device
+        t0 = time.perf_counter()
+        for i in range(steps):
+            # the same host-built inputs as _decode
+            tokens = torch.tensor([ord("a")] * b, dtype=torch.long, device=device)
+            slots = torch.tensor(list(range(b)), dtype=torch.long, device=device)
+            positions = torch.tensor([p0 + i] * b, dtype=torch.long, device=device)
+            with phase(batch=b, context_tokens=b * (p0 + i + 1)):
+                logits = self.model.decode(tokens, slots, positions, max_position=p0 + i)
+            (logits.float() + self._allowed_bias).argmax(dim=-1).tolist()
+        return (time.perf_counter() - t0) / steps
+
     # ---- submission ------------------------------------------------------------------------------
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> GenerationHandle:
@@ -340,6 +413,10 @@ class Engine:
         n = len(prompt_ids)
         if n == 0:
             raise ConfigError("prompt must contain at least one token")
+        vocab = self.model.args.vocab_size
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt_ids):
+            # an out-of-range id would be a device-side assert on CUDA: the whole process's GPU state gone
+            raise ConfigError(f"prompt: token ids must be integers in [0, {vocab})")
         if n + params.max_tokens > self.max_seq:
             raise ConfigError(
                 f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
@@ -382,10 +459,40 @@ class Engine:
         self._reap_cancelled()
         admitted = self._admit()
         if admitted:
-            self._prefill(admitted)
+            self._isolated(self._prefill, admitted)
         batch = [h for h in self._running if not h.engine_done]
         if batch:
-            self._decode(batch)
+            self._isolated(self._decode, batch)
+
+    def _isolated(self, phase: Callable[[list[GenerationHandle]], None], handles: list[GenerationHandle]) -> None:
+        """Run a batched phase; if it raises, run each request alone so that only the culprit fails.
+
+        A phase writes each sequence's KV-cache rows at fixed positions and emits nothing before its
+        forward has succeeded, so running a request again after a failed batch is safe. Per-request work
+        after the forward (sampling, emission) guards itself (:meth:`_fail`).
+        """
+        try:
+            phase(handles)
+            return
+        except Exception as e:
+            if len(handles) == 1:
+                self._fail(handles[0], e)
+                return
+            log.warning("demo engine: a batched %s of %d requests failed (%s: %s); retrying each alone",
+                        phase.__name__.lstrip("_"), len(handles), type(e).__name__, e)
+        for h in handles:
+            if h.engine_done:
+                continue
+            try:
+                phase([h])
+            except Exception as e:
+                self._fail(h, e)
+
+    def _fail(self, h: GenerationHandle, e: BaseException) -> None:
+        """End one request with its error; the others in its batch go on."""
+        log.warning("demo engine: request %s failed alone: %s: %s", h.request_id, type(e).__name__, e)
+        self.stats.failed += 1
+        self._finish(h, "abort", error=f"{type(e).__name__}: {e}")
 
     def _reap_cancelled(self) -> None:
         with self._cv:
@@ -461,19 +568,27 @@ class Engine:
         for i, h in enumerate(batch):
             token = greedy[i]
             if h.params.temperature > 0:
-                probs = torch.softmax(logits[i] / h.params.temperature, dim=-1)
-                token = int(torch.multinomial(probs, 1, generator=h.generator).item())
-            if token == EOS_ID:
-                self._finish(h, "stop")
-                continue
-            h.last_token = token
-            h.generated += 1
-            self.stats.tokens_generated += 1
-            h.recorder.tokens(1)
-            if h.generated >= h.params.max_tokens:
-                self._finish(h, "length", last_token=token)
-            else:
-                h._deliver([token])
+                try:
+                    probs = torch.softmax(logits[i] / h.params.temperature, dim=-1)
+                    token = int(torch.multinomial(probs, 1, generator=h.generator).item())
+                except Exception as e:  # this request's sampling, not the batch's
+                    self._fail(h, e)
+                    continue
+            self._emit(h, token)
+
+    def _emit(self, h: GenerationHandle, token: int) -> None:
+        """Hand one sampled token to its request: EOS ends it, ``max_tokens`` ends it after the token."""
+        if token == EOS_ID:
+            self._finish(h, "stop")
+            return
+        h.last_token = token
+        h.generated += 1
+        self.stats.tokens_generated += 1
+        h.recorder.tokens(1)
+        if h.generated >= h.params.max_tokens:
+            self._finish(h, "length", last_token=token)
+        else:
+            h._deliver([token])
 
     def _finish(
         self, h: GenerationHandle, reason: str, error: str | None = None, last_token: int | None = None

@@ -173,6 +173,7 @@ def build_report(
             "size": stack.size,
             "device": stack.device,
             "params": spec.params if spec is not None else None,
+            "engine": getattr(stack, "rung", "eager"),
         },
         "load": {
             **dict(config),
@@ -229,7 +230,10 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
     m, load, counts = r["model"], r["load"], r["counts"]
     lines: list[str] = []
     params = f"{m['params'] / 1e6:.1f}M params, " if m.get("params") else ""
-    lines.append(f"perfsdk demo — {m['name']} ({params}{r['floors'].get('dtype', '?')}) on {m['device']}")
+    lines.append(
+        f"perfsdk demo — {m['name']} ({params}{r['floors'].get('dtype', '?')}) on {m['device']}, "
+        f"{m.get('engine', 'eager')} engine"
+    )
     lines.append(
         f"  load: {load.get('num_prompts')} requests at {load.get('request_rate')} req/s, "
         f"prompt {load.get('input_len')} tokens, output {load.get('output_len')} tokens"

@@ -23,7 +23,17 @@ Routes (the subset of the OpenAI API that load generators and engines' benchmark
 
 A client that disconnects mid-stream cancels its request: Starlette cancels the streaming task, the
 generator's ``finally`` calls :meth:`GenerationHandle.cancel` and the engine frees the slot before
-its next step. Invalid requests get HTTP 400 with an OpenAI-style ``{"error": {...}}`` body.
+its next step.
+
+Hostile or broken input never reaches the engine and never costs more than a small, fixed amount of
+memory: a body larger than ``max_body_bytes`` (default 1 MiB; the longest prompt the model takes is
+``max_seq`` bytes of text) is refused with 413 from its ``Content-Length`` header, or as soon as a
+chunked body passes the limit, before anything is parsed or tokenized. Everything else that is wrong
+gets HTTP 400 with an OpenAI-style ``{"error": {"message", "type", "param"}}`` body naming the field:
+JSON that does not parse or nests too deeply, a ``temperature`` that is not 0 or within
+[0.001, 2], a ``seed`` outside what ``torch.Generator`` takes, non-boolean flags, chat content parts
+that are not ``{"type": "text", "text": "..."}``. A request that still fails inside the engine fails
+alone (the engine retries its batch without it); the others keep streaming.
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from perfsdk.demo.engine import Engine, GenerationHandle, SamplingParams
+from perfsdk.demo.engine import MIN_TEMPERATURE, SEED_RANGE, Engine, GenerationHandle, SamplingParams
 from perfsdk.demo.tokenizer import ByteTokenizer
 from perfsdk.errors import ConfigError
 
@@ -50,6 +60,11 @@ __all__ = ["DemoServer", "create_app"]
 log = logging.getLogger(__name__)
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+#: Request bodies above this are refused (413) before they are read: the longest prompt a demo model
+#: takes is max_seq bytes of text, a few kB; JSON escapes make it at most ~6x that.
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+#: OpenAI's range for temperature.
+MAX_TEMPERATURE = 2.0
 
 
 class _BadRequest(Exception):
@@ -71,31 +86,57 @@ def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | No
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _BadRequest(f"{name} must be an integer, got {value!r}", name)
+        raise _BadRequest(f"{name} must be an integer, got {_clip(value)}", name)
     return value
+
+
+def _bool_field(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _BadRequest(f"{name} must be true or false, got {_clip(value)}", name)
+    return value
+
+
+def _clip(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _sampling(body: dict[str, Any], *, chat: bool) -> SamplingParams:
     max_tokens = _int_field(body, "max_completion_tokens", None) if chat else None
     if max_tokens is None:
         max_tokens = _int_field(body, "max_tokens", 16)
+    if max_tokens is not None and max_tokens < 1:
+        raise _BadRequest(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
     temperature = body.get("temperature", 1.0)
     if temperature is None:
         temperature = 1.0
     if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-        raise _BadRequest(f"temperature must be a number, got {temperature!r}", "temperature")
+        raise _BadRequest(f"temperature must be a number, got {_clip(temperature)}", "temperature")
+    t = float(temperature)
+    if not (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE):  # NaN fails both
+        raise _BadRequest(
+            f"temperature must be 0 (greedy) or within [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], got {temperature!r}",
+            "temperature",
+        )
     seed = _int_field(body, "seed", None)
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise _BadRequest(f"seed must be within [-2**63, 2**64 - 1], got {_clip(seed)}", "seed")
     n = _int_field(body, "n", 1)
     if n != 1:
         raise _BadRequest("only n=1 is supported by the demo server", "n")
+    ignore_eos = _bool_field(body, "ignore_eos")
+    _bool_field(body, "stream")
     try:
         return SamplingParams(
             max_tokens=16 if max_tokens is None else max_tokens,
-            temperature=float(temperature),
+            temperature=t,
             seed=seed,
-            ignore_eos=bool(body.get("ignore_eos", False)),
+            ignore_eos=ignore_eos,
         )
-    except ConfigError as e:
+    except ConfigError as e:  # the engine's own checks; the API's above are at least as strict
         raise _BadRequest(str(e), str(e).split(" ", 1)[0]) from None
 
 
@@ -117,8 +158,18 @@ def _chat_text(body: dict[str, Any], tokenizer: ByteTokenizer) -> str:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise _BadRequest(f"messages[{i}] must be an object with a role", "messages")
         content = m.get("content", "")
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if content is None:
+            content = ""
+        if isinstance(content, list):  # content parts: text only (the demo model reads no images)
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise _BadRequest(
+                        f'messages[{i}].content[{j}] must be {{"type": "text", "text": "..."}}, got {_clip(part)}',
+                        "messages",
+                    )
+                texts.append(part["text"])
+            content = "".join(texts)
         if not isinstance(content, str):
             raise _BadRequest(f"messages[{i}].content must be a string or a list of parts", "messages")
         turns.append((m["role"], content))
@@ -131,34 +182,65 @@ def create_app(
     *,
     model_name: str = "demo-tiny",
     tokenizer: ByteTokenizer | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """The FastAPI application serving *engine*; ``/metrics`` exports ``monitor.registry``."""
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
+        raise ConfigError(f"max_body_bytes must be an integer >= 1024, got {max_body_bytes!r}")
     tok = tokenizer or ByteTokenizer()
     app = FastAPI(title="perfsdk demo", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
     registry = getattr(monitor, "registry", None)
 
     async def read_body(request: Request) -> dict[str, Any]:
+        # the size first, from the header, before a byte of the body is read ...
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                raise _BadRequest("the Content-Length header is not a number") from None
+            if size > max_body_bytes:
+                raise _BadRequest(f"the request body ({size} bytes) exceeds the limit of {max_body_bytes} bytes",
+                                  status=413)
+        # ... then while reading (a chunked body has no Content-Length)
+        chunks: list[bytes] = []
+        total = 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > max_body_bytes:
+                raise _BadRequest(f"the request body exceeds the limit of {max_body_bytes} bytes", status=413)
+            chunks.append(chunk)
         try:
-            body = await request.json()
+            body = json.loads(b"".join(chunks))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise _BadRequest("the request body is not valid JSON") from None
+        except RecursionError:  # [[[[...]]]] deeper than the parser's recursion limit
+            raise _BadRequest("the request body nests JSON too deeply") from None
         if not isinstance(body, dict):
             raise _BadRequest("the request body must be a JSON object")
         model = body.get("model")
         if model is not None and model != model_name:
-            raise _BadRequest(f"The model `{model}` does not exist; this server has `{model_name}`.", "model", 404)
+            raise _BadRequest(f"The model `{_clip(model)}` does not exist; this server has `{model_name}`.",
+                              "model", 404)
         return body
 
     def submit(text: str, params: SamplingParams) -> GenerationHandle:
         try:
             return engine.submit(tok.encode(text), params)
-        except ConfigError as e:
-            raise _BadRequest(str(e), "max_tokens") from None
+        except ConfigError as e:  # too long for the model's context, or an empty prompt
+            param = "max_tokens" if "max_tokens" in str(e) else "prompt"
+            raise _BadRequest(str(e), param) from None
 
     @app.exception_handler(_BadRequest)
     async def bad_request(_: Request, exc: _BadRequest) -> JSONResponse:
         return _error(exc.message, param=exc.param, status=exc.status)
+
+    @app.exception_handler(Exception)
+    async def server_error(_: Request, exc: Exception) -> JSONResponse:
+        # a bug in the demo: the client gets a JSON error, not a traceback (the log has it)
+        log.error("demo server: unhandled %s: %s", type(exc).__name__, exc, exc_info=exc)
+        return _error(f"internal error: {type(exc).__name__}", status=500)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
