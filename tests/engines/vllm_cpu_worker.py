@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import vllm.v1.worker.gpu_worker as gpu_worker
 from vllm import SamplingParams
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 from vllm.platforms.interface import UnspecifiedPlatform
-from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.worker import gpu_worker
 from vllm.v1.worker.worker_base import CompilationTimes
 
 gpu_worker.HAS_TRITON = True  # see the module docstring: the V2 runner itself is never built here
@@ -71,7 +71,7 @@ class StubRunner:
         assert so is not None, "sample_tokens without execute_model"
         computed = {r.req_id: r.num_computed_tokens for r in so.scheduled_new_reqs}
         c = so.scheduled_cached_reqs
-        computed.update(zip(c.req_ids, c.num_computed_tokens))
+        computed.update(zip(c.req_ids, c.num_computed_tokens, strict=True))
         ids = list(so.num_scheduled_tokens)
         sampled = [[7] if computed[r] + so.num_scheduled_tokens[r] >= self.prompt_len[r] else [] for r in ids]
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
