@@ -1,7 +1,7 @@
-"""Builds perfsdk's one C extension, ``perfsdk._hotpath`` (the step wrappers' enter/exit).
+"""Builds perfsdk's one C extension, ``perfsdk._native`` (the hot path and the step core).
 
 Everything else is in pyproject.toml. The extension is optional: where it cannot be built (no
-compiler, an unusual platform) the install still succeeds and perfsdk runs the same algorithm in
+compiler, an unusual platform) the install still succeeds and perfsdk runs the same algorithms in
 Python (``perfsdk.Monitor(...).hot_path == "python"``).
 """
 
@@ -10,10 +10,12 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "perfsdk._hotpath",
-            sources=["perfsdk/_hotpath.c"],
+            "perfsdk._native",
+            sources=["perfsdk/csrc/module.c", "perfsdk/csrc/stepcore.c", "perfsdk/csrc/hotpath.c"],
+            depends=["perfsdk/csrc/native.h"],
             optional=True,
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wno-missing-field-initializers"],
+            extra_link_args=["-pthread"],
         )
     ]
 )

@@ -46,115 +46,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from llama_decode import SHAPES, Model, capture_decode_graph
+from torch import Tensor
 
 import perfsdk
 from perfsdk.model import ModelSpec
-from perfsdk.monitor import _load_hotpath
-
-
-# --------------------------------------------------------------------------- the model
-class Cfg:
-    def __init__(self, dim: int, layers: int, heads: int, kv_heads: int, inter: int, vocab: int) -> None:
-        self.dim, self.layers, self.heads, self.kv_heads, self.inter, self.vocab = (
-            dim, layers, heads, kv_heads, inter, vocab)
-        self.head_dim = dim // heads
-
-
-SHAPES = {
-    # TinyLlama-1.1B's shape
-    "1b": Cfg(2048, 22, 32, 4, 5632, 32000),
-    # small enough for a 2-core CPU to step in tens of ms
-    "cpu": Cfg(512, 8, 8, 4, 1408, 32000),
-}
-
-
-class Layer(nn.Module):
-    def __init__(self, c: Cfg) -> None:
-        super().__init__()
-        kv = c.kv_heads * c.head_dim
-        self.c = c
-        self.wqkv = nn.Linear(c.dim, c.dim + 2 * kv, bias=False)
-        self.wo = nn.Linear(c.dim, c.dim, bias=False)
-        self.w13 = nn.Linear(c.dim, 2 * c.inter, bias=False)
-        self.w2 = nn.Linear(c.inter, c.dim, bias=False)
-        self.n1 = nn.RMSNorm(c.dim)
-        self.n2 = nn.RMSNorm(c.dim)
-
-    def attend(self, x: Tensor, kc: Tensor, vc: Tensor, pos: Tensor | None) -> Tensor:
-        c = self.c
-        b, t, _ = x.shape
-        kvd = c.kv_heads * c.head_dim
-        q, k, v = self.wqkv(self.n1(x)).split([c.dim, kvd, kvd], dim=-1)
-        q = q.view(b, t, c.heads, c.head_dim).transpose(1, 2)
-        k = k.view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
-        v = v.view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
-        if pos is None:  # prefill: write the prompt's K/V, causal attention over it
-            kc[:b, :, :t] = k
-            vc[:b, :, :t] = v
-            rep = c.heads // c.kv_heads  # expanded, so that torch.utils.flop_counter can count SDPA
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # decode: write one position, attend over the whole (static) context
-            kc[:b].index_copy_(2, pos, k)
-            vc[:b].index_copy_(2, pos, v)
-            o = F.scaled_dot_product_attention(q, kc[:b], vc[:b], enable_gqa=True)
-        x = x + self.wo(o.transpose(1, 2).reshape(b, t, c.dim))
-        g, u = self.w13(self.n2(x)).chunk(2, dim=-1)
-        return x + self.w2(F.silu(g) * u)
-
-
-class Model(nn.Module):
-    def __init__(self, c: Cfg, max_batch: int, ctx: int, dtype: torch.dtype, device: str) -> None:
-        super().__init__()
-        self.c = c
-        self.emb = nn.Embedding(c.vocab, c.dim)
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c.layers))
-        self.norm = nn.RMSNorm(c.dim)
-        self.head = nn.Linear(c.dim, c.vocab, bias=False)
-        self.to(device=device, dtype=dtype)
-        with torch.no_grad():
-            for p in self.parameters():
-                p.normal_(0, 0.02)
-        shape = (max_batch, c.kv_heads, ctx, c.head_dim)
-        self.kc = [torch.randn(shape, device=device, dtype=dtype) for _ in range(c.layers)]
-        self.vc = [torch.randn(shape, device=device, dtype=dtype) for _ in range(c.layers)]
-        self.ctx = ctx
-
-    @torch.no_grad()
-    def decode(self, tokens: Tensor, pos: Tensor) -> Tensor:
-        x = self.emb(tokens)
-        for layer, kc, vc in zip(self.layers, self.kc, self.vc, strict=True):
-            x = layer.attend(x, kc, vc, pos)
-        return self.head(self.norm(x)).argmax(-1)  # stays on the device: no host read
-
-    @torch.no_grad()
-    def prefill(self, tokens: Tensor) -> Tensor:
-        x = self.emb(tokens)
-        for layer, kc, vc in zip(self.layers, self.kc, self.vc, strict=True):
-            x = layer.attend(x, kc, vc, None)
-        return self.head(self.norm(x))  # logits for every position, as 2·params·tokens assumes
-
-
-# --------------------------------------------------------------------------- helpers
-def capture_decode_graph(model: Model, tokens: Tensor, pos: Tensor, with_output: bool = False) -> Any:
-    """A CUDA graph of one decode step (warmed up on a side stream first, as torch requires).
-
-    *with_output*: return ``(graph, next_token_ids)``, the graph's static output tensor.
-    """
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            model.decode(tokens, pos)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = model.decode(tokens, pos)
-    return (g, out) if with_output else g
+from perfsdk.monitor import load_native
 
 
 def median_ns(fn: Callable[[], object], n: int) -> float:
@@ -178,7 +78,7 @@ def environment(device: str) -> dict[str, Any]:
         "python": platform.python_version(), "torch": torch.__version__, "perfsdk": perfsdk.__version__,
         "host": platform.node(), "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "perfsdk_c_hot_path_built": _load_hotpath() is not None,
+        "perfsdk_c_extension_built": load_native() is not None,
     }
     if device == "cuda":
         env["gpu"] = torch.cuda.get_device_name()
@@ -274,24 +174,24 @@ def host_costs(spec: ModelSpec, hw: Any, device: str, holder: list[Any]) -> dict
                      ("_torch_events", {"nvtx": "auto", "cuda_events": "torch"}),
                      ("_torch_events_python", {"nvtx": "auto", "cuda_events": "torch", "hot_path": "python"})]
     rounds, per_round = 10, 2000
-    env_hot_path = "c" if _load_hotpath() is not None else "python"
+    env_hot_path = "c" if load_native() is not None else "python"
     mons: dict[str, perfsdk.Monitor] = {}
     for suffix, kw in variants:
         mon = make_monitor(spec, hw, holder, **kw)
         mons["decode_phase_enter_exit" + suffix] = mon
-        # the same with the collector stopped: the serving thread's own cost, no GIL shared with the
-        # collector; enough events made up front, since nothing returns them while it is stopped
-        quiet = make_monitor(spec, hw, holder, event_pool_size=rounds * per_round + 100, **kw)
-        if quiet._pool is not None:
-            quiet._pool.reserve(2 * (rounds * per_round + 100))
-            if quiet.cuda_events == "torch":  # torch creates an event at its first record: do it now
-                for ev in quiet._pool._free:
-                    ev.record()
-        assert quiet._collector is not None
-        quiet._collector.stop(10)
+        # the same with the step core held back: the serving thread's own cost, nothing else running;
+        # enough events made up front, since nothing returns them meanwhile
+        quiet = make_monitor(spec, hw, holder, event_pool_size=rounds * per_round + 100,
+                             queue_size=rounds * per_round + 100, **kw)
+        quiet._reserve_events(2 * (rounds * per_round + 100))
+        if quiet.cuda_events == "torch" and quiet._pool is not None:  # torch creates an event at its first record
+            for ev in list(quiet._pool._free):
+                ev.record()
+        quiet._core.pause(True)
         mons["decode_phase_enter_exit_collector_stopped" + suffix] = quiet
         if suffix == "_nvtx_forced":
-            out["nvtx_push_pop"] = median_ns(lambda mon=mon: (mon._nvtx_push("decode", 8), mon._nvtx_pop()), n)
+            st = mon._hot_state
+            out["nvtx_push_pop"] = median_ns(lambda st=st: (st.nvtx_push("decode", 8), st.nvtx_pop()), n)
         if not suffix:
             req = mon.request(prompt_tokens=16)
             out["request_tokens_1"] = median_ns(lambda req=req: req.tokens(1), n)
@@ -309,10 +209,12 @@ def host_costs(spec: ModelSpec, hw: Any, device: str, holder: list[Any]) -> dict
                 batches[key].append((time.perf_counter_ns() - t0) / 100)
     for key, mon in mons.items():
         out[key] = statistics.median(batches[key])
-        assert mon.hot_path == ("python" if key.endswith("_python") else env_hot_path), (key, mon.hot_path)
-        if "collector_stopped" in key:
-            mon._queue.clear()
+        # torch.cuda.Event objects run the Python hot path (the C one calls driver events by address)
+        expected = "python" if key.endswith("_python") or "torch_events" in key else env_hot_path
+        assert mon.hot_path == expected, (key, mon.hot_path)
         sync(device)
+        if "collector_stopped" in key:
+            mon._core.pause(False)
         mon.close()
     from prometheus_client import CollectorRegistry, Histogram
 
@@ -328,7 +230,7 @@ def step_loop(mon: perfsdk.Monitor | None, step: Callable[[], object], steps: in
     Also the CPU time of the serving thread (``thread_time``) and of the collector thread over the run.
     """
     add_ns = 0
-    collector = mon._collector if mon is not None else None
+    collector = mon._collector if mon is not None else None  # the Python side; the C core is off the GIL
     sync(device)
     if mon is not None:
         mon.flush(60)
@@ -451,7 +353,7 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
                 "serving_thread_cpu_us_per_step_bare": med(bare, "serving_thread_cpu_us"),
                 "serving_thread_cpu_us_per_step_instrumented": med(inst, "serving_thread_cpu_us"),
                 "collector_cpu_us_per_step": med(inst, "collector_cpu_us"),
-                "loop": loop, "chain_gap_us": mon._chain_gap_ns / 1e3,
+                "loop": loop, "chain_gap_us": mon.config.chain_gap_us,
                 # the loop would have raised otherwise; the synced loop syncs by design and is not checked
                 "zero_syncs_under_sync_debug_error": True if loop != "graph_synced" else None,
                 "perfsdk_decode_steps": st["steps"], "perfsdk_step_ms_p50": st["step_ms_p50"],
@@ -486,7 +388,7 @@ def sync_census(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: int, h
                 g.replay()
         mon.flush(60)
         torch.cuda.synchronize()  # the benchmark's own, after the loop
-    collector_tid = mon._collector.native_id
+    collector_tid = mon._collector.native_id  # the C core's thread shows up as another tid
     path = "/tmp/sync_census.json"
     prof.export_chrome_trace(path)
     counts: dict[str, dict[str, int]] = {}
@@ -530,16 +432,15 @@ def synced_breakdown(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: l
         "default": make_monitor(spec, hw, holder, nvtx="auto"),
         "no_sinks": perfsdk.Monitor(model=spec, hardware=hw, registry=CollectorRegistry(), prometheus=False,
                                     otel=False, nvtx="auto"),
-        "collector_stopped": make_monitor(spec, hw, holder, nvtx="auto", event_pool_size=(reps + 1) * steps + 64),
+        "collector_stopped": make_monitor(spec, hw, holder, nvtx="auto", event_pool_size=(reps + 1) * steps + 64,
+                                          queue_size=(reps + 1) * steps + 64),
         "host_timing": make_monitor(spec, hw, holder, nvtx="auto", timing="host"),
         "timing_every_4": make_monitor(spec, hw, holder, nvtx="auto", timing_every=4),
     }
     stopped = variants["collector_stopped"]
     assert stopped is not None
-    assert stopped._pool is not None
-    assert stopped._collector is not None
-    stopped._pool.reserve(2 * ((reps + 1) * steps + 64))
-    stopped._collector.stop(10)
+    stopped._reserve_events(2 * ((reps + 1) * steps + 64))
+    stopped._core.pause(True)
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in variants}
     for _ in range(10):
         step()
@@ -549,8 +450,6 @@ def synced_breakdown(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: l
         order = list(variants.items()) if rep % 2 == 0 else list(reversed(variants.items()))
         for name, mon in order:
             runs[name].append(step_loop(mon, step, steps, 1, ctx, "cuda"))
-            if name == "collector_stopped" and mon is not None:
-                mon._queue.clear()
     bare = statistics.median(r["step_us"] for r in runs["bare"])
     out: dict[str, Any] = {"steps_per_run": steps, "runs": reps, "bare_step_us": bare}
     for name, rs in runs.items():
@@ -564,7 +463,7 @@ def synced_breakdown(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: l
         print(f"  synced breakdown {name:18s} {st:8.1f} us ({out[name]['end_to_end_overhead_pct']:+.2f}%, "
               f"{st - bare:+.1f} us)  hot path {out[name]['hot_path_cpu_us_per_step']:.1f} us  collector "
               f"{out[name]['collector_cpu_us_per_step']:.1f} us", flush=True)
-    stopped._queue.clear()
+    stopped._core.pause(False)
     for mon in variants.values():
         if mon is not None:
             mon.close()
@@ -728,9 +627,11 @@ def collector_throughput(spec: ModelSpec, hw: Any, holder: list[Any]) -> dict[st
     mon.flush()
     n = 50_000
     t0 = time.perf_counter()
-    # pre-built records pushed straight onto the queue: measures the collector, not the producer
+    # pre-built records pushed straight to the core: measures the core and collector, not the producer
+    from perfsdk.records import DECODE, HOST, StepRecord
+
     for i in range(n):
-        mon._push(("s", "decode", i, i + 1_500_000, None, 8, None, 8192, None, None))
+        mon._push_step(StepRecord(DECODE, HOST, i, i + 1_500_000, None, None, 8, -1, 8192, 0, 0, 0, None))
     ok = mon.flush(300)
     dt = time.perf_counter() - t0
     steps_per_s = n / dt

@@ -41,7 +41,7 @@ from perfsdk.model import ModelSpec
 if TYPE_CHECKING:
     from perfsdk import budget, hardware
     from perfsdk.hardware import HardwareSpec
-    from perfsdk.monitor import Monitor, Phase, Request
+    from perfsdk.monitor import Monitor, Phase, Request, Step
 
 __all__ = [
     "ConfigError",
@@ -52,6 +52,7 @@ __all__ = [
     "PerfsdkError",
     "Phase",
     "Request",
+    "Step",
     "UnknownHardwareError",
     "UnknownModelError",
     "__version__",
@@ -65,6 +66,7 @@ _LAZY = {
     "Monitor": "perfsdk.monitor",
     "Request": "perfsdk.monitor",
     "Phase": "perfsdk.monitor",
+    "Step": "perfsdk.monitor",
     "HardwareSpec": "perfsdk.hardware",
     "hardware": "perfsdk.hardware",
     "budget": "perfsdk.budget",

@@ -22,6 +22,13 @@ class ErrorGuard:
         self.count = 0
         self._logged: set[str] = set()
 
+    def log_once(self, where: str, message: str) -> None:
+        """Log a failure counted elsewhere (the C step core counts its own), once per site."""
+        if where not in self._logged:
+            self._logged.add(where)
+            log.error("perfsdk internal error in %s: %s (counted in perfsdk_internal_errors_total; logged once "
+                      "per site; serving continues)", where, message)
+
     def record(self, exc: BaseException, where: str) -> None:
         self.count += 1
         if where not in self._logged:

@@ -42,6 +42,7 @@ __all__ = ["CudaDriverError", "DriverEvents", "driver_events"]
 CU_EVENT_BLOCKING_SYNC = 0x1
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_READY = 600
+CUDA_ERROR_INVALID_CONTEXT = 201
 CU_STREAM_CAPTURE_MODE_RELAXED = 2
 
 
@@ -132,8 +133,12 @@ class DriverEvents:
         return None
 
     # ---- the event-API interface (see perfsdk.timing.EventApi) ----------
-    def _with_context(self) -> None:
-        """Make the primary context current on this thread if no context is (the runtime does the same)."""
+    def ensure_context(self) -> None:
+        """Make the primary context current on this thread if no context is (the runtime does the same).
+
+        The hot path calls this when a driver call answers ``CUDA_ERROR_INVALID_CONTEXT``: a new engine
+        thread whose first CUDA call is perfsdk's step has no current context yet.
+        """
         cur = ctypes.c_void_p()
         if self._ctx_get(ctypes.byref(cur)) == CUDA_SUCCESS and not cur.value:
             self._check("cuCtxSetCurrent", self._ctx_set(self._ctx))
@@ -178,6 +183,25 @@ class DriverEvents:
         except (OSError, AttributeError):
             return 0
 
+    def addresses(self) -> Any:
+        """The driver functions the C hot path and step core call directly (a
+        :class:`~perfsdk.timing.DriverAddresses`)."""
+        from perfsdk.timing import DriverAddresses
+
+        py, _ = _libs()
+
+        def address(name: str) -> int:
+            f = getattr(py, name, None)
+            return int(ctypes.cast(f, ctypes.c_void_p).value or 0) if f is not None else 0
+
+        return DriverAddresses(
+            record=self.record_address(), is_capturing=self.capture_check_address(), query=address("cuEventQuery"),
+            synchronize=address("cuEventSynchronize"),
+            elapsed=address("cuEventElapsedTime_v2") or address("cuEventElapsedTime"),
+            ctx_set_current=address("cuCtxSetCurrent"), context=int(self._ctx or 0),
+            exchange_capture_mode=address("cuThreadExchangeStreamCaptureMode"),
+        )
+
     def raise_for(self, code: int) -> None:
         """Raise :class:`CudaDriverError` for a failed record's result code."""
         self._check("cuEventRecord", code)
@@ -218,7 +242,7 @@ class DriverEvents:
         ``cuEventQuery``/``cuEventSynchronize`` from any other thread invalidate
         the capture; the collector opts out, as PyTorch's NCCL watchdog does.
         """
-        self._with_context()
+        self.ensure_context()
         mode = ctypes.c_int(CU_STREAM_CAPTURE_MODE_RELAXED)
         self._exchange_mode(ctypes.byref(mode))
 

@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
+from perfsdk._guard import ErrorGuard
 from perfsdk.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -41,15 +42,17 @@ def _is_loopback(addr: str) -> bool:
 
 
 class MetricsServer:
-    def __init__(self, mon: Monitor, port: int = 9400, addr: str = "127.0.0.1", token: str | None = None) -> None:
-        if not 0 <= port <= 65535:
-            raise ConfigError(f"port: must be within 0..65535, got {port}")
+    def __init__(self, mon: Monitor, port: int = 9400, addr: str = "127.0.0.1", token: str | None = None, *,
+                 errors: ErrorGuard | None = None) -> None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ConfigError(f"port: expected an integer within 0..65535, got {port!r}")
         if not _is_loopback(addr) and not token:
             raise ConfigError(
                 f"addr: binding the metrics server to {addr!r} (not loopback) needs token=... to protect "
                 "POST /profile; pass a token or bind 127.0.0.1"
             )
         self._mon = mon
+        self._errors = errors if errors is not None else ErrorGuard()
         self._token = token
         from prometheus_client import REGISTRY
 
@@ -99,7 +102,7 @@ class MetricsServer:
         except ConfigError as e:
             return 400, {"error": str(e)}
         except Exception as e:  # a profiler problem is reported, never fatal to the server
-            self._mon._errors.record(e, "POST /profile")
+            self._errors.record(e, "POST /profile")
             return 500, {"error": f"{type(e).__name__}: {e}"}
         info = handle.to_dict() if hasattr(handle, "to_dict") else {"accepted": bool(handle)}
         return (202 if info.get("accepted", True) else 409), info

@@ -1,7 +1,7 @@
-"""The public entry point: :class:`Monitor`, its :class:`Request` and :class:`Phase`.
+"""The public entry point: :class:`Monitor`.
 
-Wrap the request lifecycle (host clock: what users feel) and every prefill,
-decode or mixed step (device clock: what the GPU did)::
+Wrap the request lifecycle (host clock: what users feel) and every prefill, decode or mixed step
+(device clock: what the GPU did)::
 
     import perfsdk
 
@@ -30,7 +30,7 @@ decode or mixed step (device clock: what the GPU did)::
     @mon.decode(batch=lambda ids, **_: ids.shape[0])    # decorator: values from the call's arguments
     def decode_step(ids, ...): ...
 
-    # values an engine measured itself (perfsdk.engines.vllm does this for vLLM)
+    # values an engine measured itself (perfsdk.engines does this for vLLM and SGLang)
     mon.record_step("decode", 0.021, batch=8, context_tokens=8192)
     mon.record_latencies(ttft_s=[0.12], itl_s=[0.021, 0.020])
     mon.record_finished(e2e_s=1.9, queue_s=0.01, prefill_s=0.11, output_tokens=90)
@@ -38,44 +38,55 @@ decode or mixed step (device clock: what the GPU did)::
     mon.flush()                                         # everything recorded so far is exported
     mon.close()
 
-The serving thread only records — a clock read, a pooled CUDA event (two when a
-step does not follow the previous one closely), an NVTX push/pop while Nsight is
-attached, and one append to a bounded queue; the collector thread
-(:mod:`perfsdk.collector`) computes and exports. Nothing here waits for the
-GPU, and nothing here raises into serving code except the user's own
-exceptions (which propagate unchanged and are recorded as errors) and
-configuration mistakes at construction. Where perfsdk's C extension is built,
-the step wrappers' enter/exit run in C (``perfsdk/_hotpath.c``; :class:`Phase`
-below is the same algorithm in Python, and the fallback).
+How it is built — "record on the hot path, compute off it":
 
-``perfsdk.Monitor()`` with no arguments works: host timers (or CUDA events
-when torch is already imported and sees a GPU), MBU/MFU off with one warning
-saying what to pass. Settings also come from the environment (explicit
-arguments win): ``PERFSDK_ENABLED=0``, ``PERFSDK_MODEL`` (a known model name),
-``PERFSDK_HARDWARE``, ``PERFSDK_SERVICE``, ``PERFSDK_MODEL_NAME``,
-``PERFSDK_METRICS_PORT`` (serve /metrics at start), ``PERFSDK_NVTX``,
-``PERFSDK_OTEL``, ``PERFSDK_TIMING``, ``PERFSDK_CUDA_EVENTS``, ``PERFSDK_QUEUE_SIZE``,
-``PERFSDK_STEP_SPAN_RATE``.
+* the hot path (:mod:`perfsdk.hotpath`, in C where the extension was built) records a clock read, a
+  pooled CUDA event, an NVTX range while a tool is attached, and hands one step record
+  (:mod:`perfsdk.records`) to
+* the step core (:mod:`perfsdk.stepcore`; in C on a native thread that never takes the GIL), which
+  reads the events, prices the step and counts it into histograms; and
+* the collector thread (:mod:`perfsdk.collector`) takes the core's totals and the request events every
+  export interval and hands them to the sinks (:mod:`perfsdk.sinks`: Prometheus, OpenTelemetry).
+
+Nothing here waits for the GPU, and nothing raises into serving code except the user's own exceptions
+(which propagate unchanged and are recorded as errors) and configuration mistakes at construction. A bad
+value from serving code (``mon.decode(batch=-1)``, ``req.tokens(float("nan"))``) is dropped, counted in
+``perfsdk_internal_errors_total`` and logged once with the value; ``Monitor(strict=True)`` (on in
+:mod:`perfsdk.testing`'s harness) raises :class:`~perfsdk.errors.ConfigError` instead, so tests catch it.
+
+``perfsdk.Monitor()`` with no arguments works: host timers (or CUDA events when torch is already imported
+and sees a GPU), MBU/MFU off with one warning saying what to pass. Every setting also comes from a
+``PERFSDK_*`` environment variable (explicit arguments win): see :mod:`perfsdk.config`. Under torchrun,
+``PERFSDK_METRICS_PORT`` serves each rank on that port plus its ``LOCAL_RANK``, so the ranks of one host do
+not collide.
 """
 
 from __future__ import annotations
 
-import abc
 import functools
-import inspect
-import itertools
 import logging
-import os
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 from perfsdk._guard import ErrorGuard
+from perfsdk.config import MonitorConfig, env
 from perfsdk.errors import ConfigError
+from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps, check_sizes, decorate, host_step
 from perfsdk.model import ModelSpec
+from perfsdk.records import (
+    NULL_REQUEST,
+    PHASES,
+    Flush,
+    MeasuredLatencies,
+    MeasuredRequest,
+    Request,
+    RequestQueue,
+    check_count,
+    finite_seconds,
+)
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -84,447 +95,23 @@ if TYPE_CHECKING:
     from perfsdk.hardware import HardwareSpec
     from perfsdk.metrics_server import MetricsServer
 
-__all__ = ["Monitor", "Phase", "Request"]
+__all__ = ["Monitor", "Phase", "Request", "Step"]
 
 log = logging.getLogger("perfsdk")
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-# record tags (tuples on the queue, read by the collector)
-STEP = "s"
-FIRST_TOKEN = "f"
-FINISH = "r"
-FLUSH = "x"
-MEASURED = "o"  # values measured elsewhere (an engine's own timers): see Monitor.record_latencies/record_finished
-_PHASES = ("prefill", "decode", "mixed")
+Phase = Step  # the name this type had before 0.2 (perfsdk.Phase); both work
 
 _UNSET: Any = object()
-_FINISH_LOCK = threading.Lock()  # finish() is once per request; a lock per request would cost more than one
-_SKIPPED = -1  # a Phase entry that records nothing (inside CUDA-graph capture, or after an internal error)
-_TRUE = ("1", "true", "yes", "on")
 
 
-class _LastEnd:
-    """One serving thread's last timed step: its end event (a possible next start), stream, host end, exit number.
-
-    When the thread ends its thread-local state goes, and with it this object: the event is handed to the
-    Monitor's orphans, to be given back to the pool once the collector has read past it.
-    """
-
-    __slots__ = ("_orphan", "ev", "seq", "stream", "t1")
-
-    def __init__(self, orphan: Callable[..., None]) -> None:
-        self.ev: Any = None
-        self.stream = 0
-        self.t1 = 0
-        self.seq = -1
-        self._orphan = orphan
-
-    def __del__(self) -> None:
-        ev = self.ev
-        if ev is not None:
-            try:
-                self._orphan(ev)
-            except Exception:
-                pass
-
-
-class _ThreadSteps(threading.local):
-    """Per serving thread: a :class:`_LastEnd`, or the C hot path's ``LastEnd`` (*factory*).
-
-    ``threading.local`` calls ``__init__`` once per thread, with these arguments.
-    """
-
-    def __init__(self, orphan: Callable[..., None], factory: Callable[[Callable[..., None]], Any] = _LastEnd) -> None:
-        self.h = factory(orphan)
-
-
-def _load_hotpath() -> Any:
-    """The C hot path (``perfsdk._hotpath``), or None where it was not built."""
+def load_native() -> Any:
+    """perfsdk's C extension (``perfsdk._native``: the hot path and the step core), or None where not built."""
     try:
-        from perfsdk import _hotpath
+        from perfsdk import _native
 
-        return _hotpath
+        return _native
     except ImportError:
         return None
-
-
-def _no_stream() -> int:
-    return 0
-
-
-def _no_record_on(event: Any, stream: int) -> None:
-    return None
-
-
-def _no_raise(code: int) -> None:
-    return None
-
-
-def _empty_pop() -> Any:
-    raise IndexError
-
-
-def _sampler(every: int) -> Callable[[], bool]:
-    """``() -> bool``: True once every *every* calls (Monitor(timing_every=N))."""
-    counter = itertools.count(1)
-    return lambda: next(counter) % every == 0
-
-
-def _env(name: str) -> str | None:
-    v = os.environ.get(name)
-    return v if v not in (None, "") else None
-
-
-def _env_bool(name: str, default: bool | str) -> bool | str:
-    v = _env(name)
-    if v is None:
-        return default
-    return v.lower() in _TRUE if v.lower() in (*_TRUE, "0", "false", "no", "off") else v
-
-
-class Request:
-    """One request's life: arrival → scheduled → tokens → finish. Host clock.
-
-    Created by :meth:`Monitor.request` at arrival. Thread-safe for one writer at a
-    time (arrival on an HTTP thread, tokens on the engine thread is fine).
-    """
-
-    __slots__ = (
-        "_mon", "_otel_parent", "arrival_ns", "error", "finish_ns", "finish_reason", "first_token_ns",
-        "operation", "output_tokens", "prompt_tokens", "request_id", "scheduled_ns", "token_ns",
-    )
-
-    def __init__(self, mon: Monitor, prompt_tokens: int, arrival_ns: int, operation: str,
-                 request_id: str | None, otel_parent: Any) -> None:
-        self._mon = mon
-        self.prompt_tokens = prompt_tokens
-        self.arrival_ns = arrival_ns
-        self.scheduled_ns: int | None = None
-        self.first_token_ns: int | None = None
-        self.token_ns: list[int] = []
-        self.output_tokens = 0
-        self.finish_ns: int | None = None
-        self.finish_reason: str | None = None
-        self.error: str | None = None
-        self.operation = operation
-        self.request_id = request_id
-        self._otel_parent = otel_parent
-
-    def scheduled(self, t_ns: int | None = None) -> None:
-        """The request left the waiting queue (its queue time ends, prefill may start)."""
-        if self.scheduled_ns is None:
-            self.scheduled_ns = self._mon._clock() if t_ns is None else t_ns
-
-    def tokens(self, n: int = 1, t_ns: int | None = None) -> None:
-        """*n* tokens were emitted now: the first call sets TTFT, each later one is an inter-token gap."""
-        if n <= 0 or self.finish_ns is not None:
-            return  # nothing emitted, or a late token after finish(): the request's record is closed
-        mon = self._mon
-        t = mon._clock() if t_ns is None else t_ns
-        self.output_tokens += n
-        self.token_ns.append(t)
-        if self.first_token_ns is None:
-            self.first_token_ns = t
-            mon._push((FIRST_TOKEN, self))
-
-    def finish(self, reason: str = "stop", error: BaseException | str | None = None,
-               t_ns: int | None = None) -> None:
-        """Record the end (``"stop"``, ``"length"``, ``"abort"``, …, or an error); later calls are ignored.
-
-        Safe to race (an abort on the HTTP thread, the last token on the engine thread): one call wins.
-        """
-        mon = self._mon
-        t = mon._clock() if t_ns is None else t_ns
-        with _FINISH_LOCK:
-            if self.finish_ns is not None:
-                return
-            self.finish_ns = t
-        if error is not None:
-            self.error = error if isinstance(error, str) else type(error).__qualname__
-            reason = "error" if reason == "stop" else reason
-        self.finish_reason = reason
-        mon._push((FINISH, self))
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_ns is not None
-
-    def __enter__(self) -> Request:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        if exc is not None:
-            self.finish("error", error=exc)
-        else:
-            self.finish("stop")
-
-
-class _NullRequest(Request):
-    """What a disabled Monitor hands out: every method does nothing, every field reads as empty."""
-
-    def __init__(self) -> None:
-        self.prompt_tokens = self.output_tokens = self.arrival_ns = 0
-        self.scheduled_ns = self.first_token_ns = self.finish_ns = None
-        self.token_ns = []
-        self.finish_reason = self.error = self.request_id = None
-        self.operation = ""
-        self._otel_parent = None
-
-    def scheduled(self, t_ns: int | None = None) -> None:
-        return None
-
-    def tokens(self, n: int = 1, t_ns: int | None = None) -> None:
-        return None
-
-    def finish(self, reason: str = "stop", error: BaseException | str | None = None,
-               t_ns: int | None = None) -> None:
-        return None
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        return None
-
-
-def _check_count(field: str, value: Any) -> Any:
-    """Validate a size given to a phase: a non-negative int, or a callable (decorator form)."""
-    if type(value) is int and value >= 0:
-        return value
-    if callable(value):
-        return value
-    if isinstance(value, bool) or (type(value) is int and value < 0):
-        raise ConfigError(f"{field}: expected a non-negative integer, got {value!r}")
-    try:
-        import operator
-
-        as_int = operator.index(value)  # numpy and torch integer scalars
-    except TypeError:
-        raise ConfigError(f"{field}: expected a non-negative integer or a callable, got {value!r}") from None
-    if as_int < 0:
-        raise ConfigError(f"{field}: must be >= 0, got {value!r}")
-    return as_int
-
-
-class Phase(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step registers as a Phase)
-    """One prefill, decode or mixed step: a context manager and a decorator.
-
-    This class is the reference implementation. Where perfsdk's C extension is built,
-    ``Monitor.prefill/decode/mixed`` return its ``Step`` instead — the same algorithm
-    without the interpreter's cost (``Monitor.hot_path`` says which; both pass the same
-    tests, and ``isinstance(step, Phase)`` holds for both).
-
-    As a context manager each ``with`` times one step (``with mon.decode(...)`` builds a
-    fresh one per step); the same object may be re-entered while open on the *same*
-    thread (nested), but is not meant to be shared by threads. As a decorator every
-    call is one step with its own Phase, and any size given as a callable is called
-    with the wrapped function's arguments. (An ``async def`` step's range spans its
-    awaits: keep device work of one step inside one coroutine.)
-    """
-
-    __slots__ = ("_batch", "_ctx", "_dynamic", "_ev", "_mon", "_outer", "_phase", "_seq_lens", "_stream", "_t0",
-                 "_tokens")
-
-    def __init__(self, mon: Monitor, phase: str, batch: Any, tokens: Any, context_tokens: Any,
-                 seq_lens: Any) -> None:
-        self._mon = mon
-        self._phase = phase
-        dynamic = False
-        # fast path: plain ints; anything else goes through validation (and may be a callable)
-        if type(batch) is not int or batch < 0:
-            batch = _check_count("batch", batch)
-            dynamic = callable(batch)
-        if tokens is not None and (type(tokens) is not int or tokens < 0):
-            tokens = _check_count("tokens", tokens)
-            dynamic = dynamic or callable(tokens)
-        if type(context_tokens) is not int or context_tokens < 0:
-            context_tokens = _check_count("context_tokens", context_tokens)
-            dynamic = dynamic or callable(context_tokens)
-        if seq_lens is not None and callable(seq_lens):
-            dynamic = True
-        self._batch = batch
-        self._tokens = tokens
-        self._ctx = context_tokens
-        self._seq_lens = seq_lens
-        self._dynamic = dynamic
-        self._t0: int | None = None  # start of the open entry; _SKIPPED when capture/trace made it a no-op
-        self._ev: Any = None
-        self._stream = 0
-        self._outer: list[tuple[int | None, Any, int]] | None = None  # enclosing entries when re-entered
-
-    def __enter__(self) -> Phase:
-        mon = self._mon
-        if not mon._enabled:
-            return self
-        if self._dynamic:
-            raise ConfigError(
-                f"{self._phase}: sizes given as callables only work in the decorator form (@mon.{self._phase}(...))"
-            )
-        if self._t0 is not None:  # re-entered while open (nested): keep the outer entry
-            if self._outer is None:
-                self._outer = []
-            self._outer.append((self._t0, self._ev, self._stream))
-            self._ev = None  # the outer entry's events are not this entry's to give back
-        try:
-            if mon._capturing():
-                self._t0 = _SKIPPED  # capture/trace time: the work is not really running now
-                return self
-            w = mon._window
-            if w is not None and w.hot:
-                w.step_begin(self._phase)
-            pool = mon._pool
-            if pool is None:
-                self._t0 = mon._clock()
-            elif mon._sampling and not mon._sampled():
-                self._ev = False  # not sampled (timing_every): counted, not timed
-                self._t0 = mon._clock()
-            else:
-                # The timed path, inlined: it runs every step. Take the end event first; then either
-                # start from this thread's previous step's end (same stream, no other step exited since,
-                # within chain_gap_us: one record per step) or take and record a fresh start, handing the
-                # previous end to the collector to give back once the step that ended with it is read.
-                try:
-                    end = mon._pool_pop()
-                except IndexError:
-                    end = pool.acquire()
-                if end is None:
-                    mon._untimed_pool_empty += 1  # every event in flight: counted, not timed
-                    self._ev = False
-                    self._t0 = mon._clock()
-                else:
-                    self._ev = (None, end, ())  # owned from here on: given back if anything below fails
-                    stream = self._stream = mon._stream()  # the end is recorded on the same stream
-                    h = mon._local.h
-                    now = self._t0 = mon._clock()
-                    last = h.ev
-                    if (last is not None and h.seq == mon._last_exit and h.stream == stream
-                            and now - h.t1 < mon._chain_gap_ns):
-                        h.ev = None
-                        self._ev = (last, end, ())
-                    else:
-                        self._start_fresh(mon, pool, end, stream, h)
-            if mon._nvtx_on:  # last, so that a failure above leaves no range open
-                mon._nvtx_push(self._phase, self._batch)
-        except Exception as e:
-            mon._errors.record(e, f"{self._phase}.__enter__")
-            self._abandon(mon)
-        return self
-
-    def _start_fresh(self, mon: Monitor, pool: Any, end: Any, stream: int, h: _LastEnd) -> None:
-        """Record a fresh start event (the step does not follow the previous one closely)."""
-        start = pool.acquire()
-        if start is None:
-            self._ev = False
-            pool.release(end)  # never recorded: nobody else knows it
-            mon._untimed_pool_empty += 1
-            return
-        last = h.ev
-        if last is not None:
-            h.ev = None
-            self._ev = (start, end, (last,))
-        else:
-            self._ev = (start, end, ())
-        r = mon._record_on(start, stream)
-        if r:
-            mon._raise_for(r)
-
-    def _abandon(self, mon: Monitor) -> None:
-        """After an internal error: give the events back and record nothing for this entry."""
-        ev, self._ev, self._t0 = self._ev, None, _SKIPPED
-        if ev:
-            mon._give_back(ev)
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        mon = self._mon
-        if not mon._enabled:
-            return
-        try:
-            t0, ev, stream = self._t0, self._ev, self._stream
-            if self._outer:
-                self._t0, self._ev, self._stream = self._outer.pop()
-            else:
-                self._t0 = self._ev = None
-            if t0 is None or t0 == _SKIPPED:
-                return
-            if mon._nvtx_on:  # first: the range closes even if what follows fails
-                try:
-                    mon._nvtx_pop()
-                except Exception as e:  # the step is still timed and counted
-                    mon._errors.record(e, f"{self._phase}.__exit__ nvtx")
-            try:
-                t1 = mon._clock()
-            except Exception:
-                if ev:
-                    mon._give_back(ev)  # the end was never recorded
-                raise
-            if ev:
-                before = mon._exits
-                try:
-                    r = mon._record_on(ev[1], stream)
-                    if r:
-                        mon._raise_for(r)
-                except Exception:
-                    mon._give_back(ev)
-                    raise
-                h = mon._local.h
-                inner = h.ev  # a nested step's end on this thread: given back after this step is read
-                h.ev, h.stream, h.t1 = ev[1], stream, t1
-                seq = mon._exits = next(mon._exit_seq)
-                # another thread's step exited while the record ran (a record that releases the GIL): its
-                # GPU work may sit after this end event, so the next step must not start from it
-                h.seq = seq if seq == before + 1 else -1
-                mon._last_exit = seq
-                if inner is not None:
-                    ev = (ev[0], ev[1], (*ev[2], inner))
-            elif ev is False:
-                mon._exits = next(mon._exit_seq)  # every exit is numbered (see above)
-                mon._last_exit = 0  # an untimed step: the next timed one must not start before it
-            q = mon._queue
-            if len(q) < mon._queue_cap:
-                q.append((STEP, self._phase, t0, t1, ev, self._batch, self._tokens, self._ctx, self._seq_lens,
-                          None if exc_type is None else exc_type.__qualname__))
-            else:
-                mon._dropped += 1  # the collector is behind: count it, never wait
-                if ev:
-                    mon._orphan(ev[0], *ev[2])  # given back once the collector has read past them
-            w = mon._window
-            if w is not None and w.hot:
-                w.step_end(self._phase)
-        except Exception as e:
-            mon._errors.record(e, f"{self._phase}.__exit__")
-
-    def __call__(self, fn: F) -> F:
-        sizes = (self._batch, self._tokens, self._ctx, self._seq_lens)
-        return _decorate(self._mon, self._phase, sizes, self._dynamic, fn)
-
-
-def _decorate(mon: Monitor, phase: str, sizes: tuple[Any, Any, Any, Any], dynamic: bool, fn: F) -> F:
-    """*fn* with every call one step (the decorator form of a Phase or of the C hot path's Step)."""
-
-    def fresh(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Phase:
-        if mon._compiling():  # torch.compile traces this: the Python Phase, a no-op there
-            return Phase(mon, phase, 0, None, 0, None)
-        if not dynamic:
-            return mon._new_step(phase, *sizes)
-        try:
-            vals = [v(*args, **kwargs) if callable(v) else v for v in sizes]
-            return mon._new_step(phase, *vals)
-        except Exception as e:  # a size callable that fails or returns a bad value: the call still runs
-            mon._errors.record(e, f"@{phase} size callable")
-            return mon._new_step(phase, 0, None, 0, None)
-
-    if inspect.iscoroutinefunction(fn):
-        @functools.wraps(fn)
-        async def awrapper(*args: Any, **kwargs: Any) -> Any:
-            with fresh(args, kwargs):
-                return await fn(*args, **kwargs)
-
-        return cast(F, awrapper)
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with fresh(args, kwargs):
-            return fn(*args, **kwargs)
-
-    return cast(F, wrapper)
 
 
 class Monitor:
@@ -535,36 +122,41 @@ class Monitor:
             (dict or object). ``None``: no MBU/MFU.
         hardware: ``"auto"`` (detect the GPU), a datasheet name (``"h100-sxm"``), ``"calibrate"``
             (measured ceilings), a :class:`~perfsdk.hardware.HardwareSpec`, or ``None``.
-        service: the service name (OpenTelemetry resource-independent; used in logs).
+        service: the service name (used in logs).
         model_name: the ``model`` label and span model name (default: the spec's name).
         registry: the Prometheus registry to write to (default: the global one).
-        prometheus / otel: turn a sink off.
-        nvtx: ``None``/``"auto"`` (default): NVTX ranges only when Nsight Systems/Compute is attached
+        prometheus / otel: turn a sink off (``otel=True`` insists: a missing SDK is an error).
+        nvtx: ``"auto"`` (default): NVTX ranges only when Nsight Systems/Compute is attached
             (``NVTX_INJECTION64_PATH``; they are free then, and skipped otherwise); ``True`` or ``"nvtx"``:
             always, through the ``nvtx`` package; ``"torch"``: through ``torch.cuda.nvtx``; ``False``: never.
         tracer_provider: an OpenTelemetry provider (default: the global one; none set costs nothing).
         timing: ``"auto"`` (CUDA events if torch is imported and sees a GPU), ``"cuda"``, ``"host"``.
-        cuda_events: how CUDA events are made and recorded: ``"auto"`` (default: raw driver events through
-            libcuda, the cheapest record, else torch's), ``"driver"``, ``"torch"`` (``torch.cuda.Event``).
+        cuda_events: ``"auto"`` (default: raw driver events through libcuda, the cheapest record, else
+            torch's), ``"driver"``, ``"torch"`` (``torch.cuda.Event``; runs the Python hot path).
         operation: GenAI operation name of request spans (``"chat"``, ``"text_completion"``, …).
-        queue_size: records the collector may lag behind before dropping (never blocking).
+        queue_size: step records (and, separately, request events) the collector may lag behind before
+            dropping (never blocking). Default 65,536.
         event_pool_size: timed steps in flight at most (two CUDA events each); beyond, steps are counted
-            but not timed.
+            but not timed. Default 1,024.
         chain_gap_us: a step entered within this many µs of the previous step's exit, on the same thread
             and stream, starts at the previous step's end event (one event record per step instead of two,
             which is most of the hot path's cost). Its device time then also covers any GPU work queued
-            in that gap, as a whole decode iteration's would. ``0``: two events per step, always.
+            in that gap, as a whole decode iteration's would. ``0``: two events per step. Default 10.
         timing_every: time every N-th step with CUDA events (default 1: all). The others still count as
             steps and tokens, but not in step time, MBU/MFU or the byte and FLOP counters (so that
-            bytes / step seconds stays exact in PromQL): recording two events is much of the hot path's
-            cost on a slow host, and N=4 spares three steps in four of it.
-        step_span_rate: fraction of steps that get a span (0: none).
+            bytes / step seconds stays exact in PromQL).
+        step_span_rate: fraction of steps that get a span (0: none; deterministic, every 1/rate-th step).
         compute_dtype: dtype whose dense peak MFU divides by (default: the model's dtype, bf16 for
             integer weights).
-        rank: ``"auto"`` adds a ``rank`` label when this process is one rank of several; an int forces it.
-        hot_path: ``"auto"`` (default): the step wrappers' enter/exit in C (``perfsdk._hotpath``) where the
-            extension was built, else in Python; ``"c"`` (raise if not built) or ``"python"``. The two run
-            the same algorithm; C costs a fraction of the CPU per step. ``Monitor.hot_path`` says which.
+        rank: ``"auto"`` adds a ``rank`` label when this process is one rank of several; an int forces it;
+            ``None``: no label.
+        hot_path: ``"auto"`` (default): the hot path and step core in C (``perfsdk._native``) where the
+            extension was built and the events allow, else in Python; ``"c"`` (raise if not possible) or
+            ``"python"``. ``Monitor.hot_path`` says which runs.
+        poll_interval: the step core's shortest idle sleep (s; it backs off to 0.1 s while idle).
+        export_interval: how often the collector hands results to the sinks (s, default 0.1).
+        strict: raise :class:`~perfsdk.errors.ConfigError` for bad values from serving code instead of
+            dropping and counting them (tests; :mod:`perfsdk.testing` turns it on).
         clock: a ``() -> int`` nanosecond clock (tests); default ``time.perf_counter_ns``.
         enabled: ``False`` makes every call a no-op.
     """
@@ -583,114 +175,96 @@ class Monitor:
         nvtx: bool | str | None = None,
         timing: str | None = None,
         cuda_events: str | None = None,
-        operation: str = "text_completion",
+        operation: str | None = None,
         queue_size: int | None = None,
-        event_pool_size: int = 1024,
-        chain_gap_us: float = 10.0,
-        timing_every: int = 1,
+        event_pool_size: int | None = None,
+        chain_gap_us: float | None = None,
+        timing_every: int | None = None,
         step_span_rate: float | None = None,
         compute_dtype: str | None = None,
         rank: int | str | None = "auto",
         hot_path: str | None = None,
+        poll_interval: float | None = None,
+        export_interval: float | None = None,
+        strict: bool | None = None,
         clock: Callable[[], int] | None = None,
-        poll_interval: float = 0.005,
         enabled: bool | None = None,
+        _events: Any = None,
     ) -> None:
+        cfg = MonitorConfig.from_env(
+            enabled=enabled, service=service, model_name=model_name, nvtx=nvtx, otel=otel, timing=timing,
+            cuda_events=cuda_events, hot_path=hot_path, queue_size=queue_size, event_pool_size=event_pool_size,
+            timing_every=timing_every, chain_gap_us=chain_gap_us, step_span_rate=step_span_rate,
+            poll_interval=poll_interval, export_interval=export_interval, strict=strict, operation=operation,
+            compute_dtype=compute_dtype, rank="none" if rank is None else rank,
+        )
+        if clock is not None and not callable(clock):
+            raise ConfigError(f"clock: expected a () -> int nanoseconds callable, got {clock!r}")
+        self.config = cfg
         self._errors = ErrorGuard()
-        self._enabled = bool(_env_bool("PERFSDK_ENABLED", True) if enabled is None else enabled)
-        self.service = service or _env("PERFSDK_SERVICE") or "perfsdk"
+        self._enabled = cfg.enabled
+        self.service = cfg.service
+        self.operation = cfg.operation
         self._clock: Callable[[], int] = clock or time.perf_counter_ns
         self._epoch_offset_ns = time.time_ns() - self._clock()
-        self.operation = operation
         self._window: Any = None
         self._server: MetricsServer | None = None
         self._closed = False
-        self._dropped = 0
-        self._untimed_pool_empty = 0  # steps counted but not timed because every event was in flight
         self._collector: Collector | None = None
 
-        self.model = self._resolve_model(_env("PERFSDK_MODEL") if model is _UNSET else model)
-        spec_name = self.model.name if self.model else ""
-        self.model_name = model_name or _env("PERFSDK_MODEL_NAME") or spec_name or "unknown"
-        hw_arg = (_env("PERFSDK_HARDWARE") or "auto") if hardware is _UNSET else hardware
-        self.hardware = self._resolve_hardware(hw_arg)
-        self.compute_dtype = compute_dtype or self._default_compute_dtype()
-
-        raw_qs = queue_size if queue_size is not None else _env("PERFSDK_QUEUE_SIZE") or 65536
-        try:
-            qs = int(raw_qs)
-        except (TypeError, ValueError):
-            raise ConfigError(f"queue_size: expected an integer, got {raw_qs!r}") from None
-        if qs < 1:
-            raise ConfigError(f"queue_size: must be >= 1, got {qs}")
-        self._queue_cap = qs
-        if type(timing_every) is not int or timing_every < 1:
-            raise ConfigError(f"timing_every: must be an integer >= 1, got {timing_every!r}")
-        self._timing_every = timing_every
-        self._sampling = timing_every > 1
-        self._sampled = _sampler(timing_every)
-        self._queue: deque[tuple[Any, ...]] = deque()
-        rate = float(step_span_rate if step_span_rate is not None else _env("PERFSDK_STEP_SPAN_RATE") or 0.0)
-        if not 0.0 <= rate <= 1.0:
-            raise ConfigError(f"step_span_rate: must be within [0, 1], got {rate}")
-        if poll_interval <= 0:
-            raise ConfigError(f"poll_interval: must be > 0, got {poll_interval}")
+        self.model = _resolve_model(env("PERFSDK_MODEL") if model is _UNSET else model)
+        self.model_name = cfg.model_name or (self.model.name if self.model else "") or "unknown"
+        self.hardware = _resolve_hardware((env("PERFSDK_HARDWARE") or "auto") if hardware is _UNSET else hardware)
+        self.compute_dtype = cfg.compute_dtype or self._default_compute_dtype()
 
         # ---- choose implementations once (STYLE 3) ----
         from perfsdk import timing as _timing
         from perfsdk.nvtx_ranges import make_nvtx
+        from perfsdk.stepcost import StepCosts
 
-        mode = (timing or _env("PERFSDK_TIMING") or "auto").lower()
-        if mode not in ("auto", "cuda", "host"):
-            raise ConfigError(f"timing: expected 'auto', 'cuda' or 'host', got {mode!r}")
-        use_cuda = self._enabled and (mode == "cuda" or (mode == "auto" and _timing.cuda_usable()))
-        if mode == "cuda" and not _timing.cuda_usable(force=True):
-            raise ConfigError("timing='cuda': torch does not see a CUDA device here; use timing='host' or 'auto'")
+        if _events is not None:  # a scripted GPU (tests): its event API, as timing="cuda" would use the driver's
+            use_cuda = self._enabled
+            api = _events if use_cuda else None
+        else:
+            use_cuda = self._enabled and (cfg.timing == "cuda" or (cfg.timing == "auto" and _timing.cuda_usable()))
+            if cfg.timing == "cuda" and not _timing.cuda_usable(force=True):
+                raise ConfigError("timing='cuda': torch does not see a CUDA device here; use timing='host' or "
+                                  "'auto'")
+            api = _timing.event_api(cfg.cuda_events) if use_cuda else None
         self.timing = "cuda" if use_cuda else "host"
-        events = (cuda_events or _env("PERFSDK_CUDA_EVENTS") or "auto").lower()
-        if events not in ("auto", "driver", "torch"):
-            raise ConfigError(f"cuda_events: expected 'auto', 'driver' or 'torch', got {events!r}")
-        if type(event_pool_size) is not int or event_pool_size < 1:
-            raise ConfigError(f"event_pool_size: must be an integer >= 1, got {event_pool_size!r}")
-        if not isinstance(chain_gap_us, (int, float)) or not 0 <= chain_gap_us <= 10_000:
-            raise ConfigError(f"chain_gap_us: expected microseconds within [0, 10000], got {chain_gap_us!r}")
-        self._chain_gap_ns = int(chain_gap_us * 1000)
-        self._pool = _timing.EventPool(_timing.event_api(events), 2 * event_pool_size) if use_cuda else None
-        self.cuda_events = self._pool.api.name if self._pool is not None else None
-        self._orphans: deque[tuple[int, Any]] = deque()  # (read mark, event): given back by the collector
-        self._local = _ThreadSteps(self._orphan)
-        self._exit_seq = itertools.count(1)  # numbers timed exits; a step chains only onto the latest one
-        self._last_exit = 0
-        self._exits = 0  # the latest exit number handed out (timed or not)
-        self._stream: Callable[[], int] = _no_stream
-        self._record_on: Callable[[Any, int], Any] = _no_record_on
-        self._raise_for: Callable[[int], None] = _no_raise
-        self._pool_pop: Callable[[], Any] = _empty_pop
-        if self._pool is not None:
-            api = self._pool.api
-            self._stream, self._record_on, self._raise_for = api.make_stream(), api.make_record_on(), api.raise_for
-            self._pool_pop = self._pool._free.popleft  # the hot path's fast acquire (falls back to acquire())
-        self._capturing = _timing.capture_check(use_cuda) if self._enabled else _timing._never
-        # the C path checks graph capture itself; torch.compile tracing must be caught before a C call
-        self._compile_check, self._cuda_capturing = _timing.capture_checks(use_cuda)
-        self._compiling: Callable[[], bool] = _timing._never
-        nvtx_choice = _env_bool("PERFSDK_NVTX", "auto") if nvtx is None else nvtx
-        nv = make_nvtx(nvtx_choice if self._enabled else False)
+        event_capacity = getattr(_events, "pool_capacity", 2 * cfg.event_pool_size)
+        event_prefill = getattr(_events, "pool_prefill", 32)
+        self.cuda_events = api.name if api is not None else None
+        addresses = api.addresses() if api is not None and hasattr(api, "addresses") else None
+        native = load_native() if self._enabled else None
+        if cfg.hot_path == "c":
+            if load_native() is None:
+                raise ConfigError("hot_path='c': perfsdk's C extension (perfsdk._native) is not built in this "
+                                  "install; reinstall with a C compiler and the Python headers, or use "
+                                  "hot_path='python'")
+            if api is not None and addresses is None:
+                raise ConfigError(f"hot_path='c' needs driver events (cuda_events={self.cuda_events!r} runs the "
+                                  "Python hot path)")
+        use_c = native is not None and cfg.hot_path != "python" and (api is None or addresses is not None)
+        self.hot_path = "c" if use_c or (cfg.hot_path == "c" and not self._enabled) else "python"
+
+        nv = make_nvtx(cfg.nvtx if self._enabled else False)
         self.nvtx_backend = nv.backend
-        self._nvtx_on = nv.backend != "none"  # the hot path skips even the no-op calls when off
-        self._nvtx_push = nv.push
-        self._nvtx_pop = nv.pop
+        self._nvtx = nv
 
         self._extra_label_values: tuple[str, ...] = ()
         extra_labels: tuple[str, ...] = ()
-        r = _detect_rank(rank)
+        r = _detect_rank(cfg.rank)
         if r is not None:
             extra_labels, self._extra_label_values = ("rank",), (str(r),)
+        self.rank = r
 
+        # ---- sinks ----
         from perfsdk.sinks.prometheus import PrometheusSink, metric_set
 
         self.registry = registry
         self._prom: PrometheusSink | None = None
+        sinks: list[Any] = []
         if prometheus:
             from prometheus_client import REGISTRY
 
@@ -700,26 +274,67 @@ class Monitor:
             if self.hardware is not None:
                 flops = {k: float(v) for k, v in self.hardware.flops.items()}
                 self._prom.set_hardware(self.hardware.name, self.hardware.memory_bandwidth, flops)
-
-        self._otel = None
-        use_otel = bool(_env_bool("PERFSDK_OTEL", True) if otel is None else otel)
-        if use_otel and self._enabled:
+            sinks.append(self._prom)
+        self._otel: Any = None
+        if cfg.otel and self._enabled:
             from perfsdk.sinks.otel import make_otel_sink
 
-            self._otel = make_otel_sink(tracer_provider, rate)
-            if self._otel is None and otel:
+            self._otel = make_otel_sink(tracer_provider, self.model_name, self._epoch_offset_ns)
+            if self._otel is None and cfg.otel_explicit:
                 from perfsdk.errors import MissingDependencyError
 
                 raise MissingDependencyError("opentelemetry-api", "OpenTelemetry spans", extra="otel")
+            if self._otel is not None:
+                sinks.append(self._otel)
         self._capture_ctx = self._otel.capture_context if self._otel is not None else None
 
-        hp = (hot_path or _env("PERFSDK_HOT_PATH") or "auto").lower()
-        if hp not in ("auto", "c", "python"):
-            raise ConfigError(f"hot_path: expected 'auto', 'c' or 'python', got {hp!r}")
-        if hp == "c" and _load_hotpath() is None:
-            raise ConfigError("hot_path='c': perfsdk's C extension (perfsdk._hotpath) is not built in this install; "
-                              "reinstall with a C compiler and the Python headers, or use hot_path='python'")
-        self.hot_path = "c" if hp != "python" and _load_hotpath() is not None else "python"
+        # ---- the step core, the request queue, the hot path ----
+        peak = None
+        if self.hardware is not None:
+            try:
+                peak = self.hardware.peak_flops(self.compute_dtype)
+            except Exception:
+                peak = None
+        costs = StepCosts.of(self.model, self.hardware.memory_bandwidth if self.hardware else None, peak)
+        self._requests = RequestQueue(cfg.queue_size, self._clock, self._errors, cfg.strict)
+        self._pool: Any = None
+        if use_c:
+            from perfsdk.stepcore import native_core
+
+            self._core: Any = native_core(
+                native, costs, cfg.queue_size, cfg.step_span_rate, cfg.poll_interval, addresses,
+                event_capacity if api is not None else 0, event_prefill,
+                api.new if api is not None else None, api.destroy if api is not None else None,
+            )
+        else:
+            from perfsdk.stepcore import PyStepCore
+
+            if api is not None:
+                self._pool = _timing.EventPool(api, event_capacity, event_prefill)
+            self._core = PyStepCore(costs, self._pool, api, cfg.queue_size, cfg.step_span_rate, cfg.poll_interval)
+        self._api = api
+        compiling, cuda_capturing = _timing.capture_checks(use_cuda)
+        if _events is not None:
+            compiling, cuda_capturing = None, getattr(_events, "capture_check", None)
+        self._compiling: Callable[[], bool] = compiling if (compiling is not None and use_c) else _never
+        self._hot_state = HotState(
+            core=self._core, errors=self._errors,
+            local=ThreadSteps(native.LastEnd if native is not None and use_c else LastEnd,
+                              self._core if use_c else self._pool),
+            clock=None if use_c and self._clock is time.perf_counter_ns and sys.platform.startswith("linux")
+            else self._clock,
+            capturing=(cuda_capturing if use_c or _events is not None else _timing.capture_check(use_cuda))
+            if self._enabled else None,
+            is_capturing_fn=addresses.is_capturing if (use_c and addresses is not None
+                                                        and cuda_capturing is not None) else 0,
+            stream=api.make_stream() if api is not None else None,
+            record_on=api.make_record_on() if api is not None else None,
+            record_fn=addresses.record if use_c and addresses is not None else 0,
+            raise_for=api.raise_for if api is not None else None,
+            ensure_context=getattr(api, "ensure_context", None),
+            pool=self._pool, nvtx_on=nv.backend != "none", nvtx_push=nv.push, nvtx_pop=nv.pop,
+            chain_gap_ns=int(cfg.chain_gap_us * 1000), every=cfg.timing_every, strict=cfg.strict,
+        )
         self._hot: Any = None
         self._bind_hot()
 
@@ -727,37 +342,20 @@ class Monitor:
         if self._enabled:
             from perfsdk.collector import Collector
 
-            self._collector = Collector(self, poll_interval)
+            self._core.start()
+            self._collector = Collector(
+                self._core, self._requests, sinks, self._errors, model=self.model_name, operation=self.operation,
+                epoch_offset_ns=self._epoch_offset_ns, export_interval=cfg.export_interval, untimed=self._untimed,
+            )
             self._collector.start()
-        port = _env("PERFSDK_METRICS_PORT")
+        port = env("PERFSDK_METRICS_PORT")
         if port is not None and self._enabled:
-            self.serve_metrics(port=int(port), addr=_env("PERFSDK_METRICS_ADDR") or "127.0.0.1")
+            from perfsdk.config import _int
+
+            base = _int("PERFSDK_METRICS_PORT (environment)", port, 0, 65535)
+            self.serve_metrics(port=_rank_port(base), addr=cfg.metrics_addr)
 
     # ---- construction helpers ----------------------------------------
-    @staticmethod
-    def _resolve_model(model: Any) -> ModelSpec | None:
-        if model is None or isinstance(model, ModelSpec):
-            return model
-        if isinstance(model, str):
-            return ModelSpec.named(model)
-        if isinstance(model, Mapping) or hasattr(model, "to_dict"):
-            return ModelSpec.from_hf_config(model)
-        raise ConfigError(
-            f"model: expected a ModelSpec, a known model name or a Hugging Face config, got {type(model).__name__}"
-        )
-
-    @staticmethod
-    def _resolve_hardware(hardware: Any) -> HardwareSpec | None:
-        from perfsdk import hardware as hw
-
-        if isinstance(hardware, str) and hardware.lower() == "auto":
-            try:
-                return hw.resolve("auto")
-            except Exception as e:  # an unknown GPU is not a reason to refuse to monitor
-                log.warning("perfsdk: could not map this GPU to a datasheet row (%s); MBU/MFU off", e)
-                return None
-        return hw.resolve(hardware)
-
     def _default_compute_dtype(self) -> str:
         dt = self.model.dtype if self.model is not None else "bfloat16"
         return "bf16" if dt.startswith(("int", "uint", "fp4", "nvfp4", "mxfp4")) or "byte" in dt else dt
@@ -776,156 +374,119 @@ class Monitor:
             log.warning("perfsdk: model %s has no layers/kv_heads/head_dim: KV-cache bytes and attention "
                         "FLOPs are left out of MBU/MFU", self.model.name or "(unnamed)")
 
-    # ---- hot path ------------------------------------------------------
     def _bind_hot(self) -> None:
-        """Choose the step implementation and bind the C hot path to this Monitor's current parts.
+        """Bind the hot path to the current :class:`HotState` (the constructor; tests that swap a part)."""
+        st = self._hot_state
+        st.window = self._window
+        st.decorate = functools.partial(decorate, self._new_step, self._compiling, self._errors)
+        st.slow_step = self._slow_step
+        if self._hot is not None and self.hot_path == "c":
+            st.untimed += self._hot.untimed  # keep what the previous binding counted
+        if not self._enabled:
+            self._hot = None
+            self._step: Callable[..., Any] = _no_step
+        elif self.hot_path == "c":
+            native = load_native()
+            self._hot = native.Hot(st)
+            self._step = self._hot.step
+        else:
+            self._hot = st
+            self._step = self._python_step
 
-        Called once by the constructor; tests that swap a part (a scripted GPU, a failing NVTX) call it again.
-        """
-        if self._hot is not None:  # keep what the previous binding counted
-            d, u = self._hot.counts()
-            self._dropped += d
-            self._untimed_pool_empty += u
-        self._hot = None
-        self._new_step: Callable[..., Phase] = functools.partial(Phase, self)
-        hp = _load_hotpath() if self.hot_path == "c" and self._enabled else None
-        self._compiling = _timing_never  # the Python Phase checks tracing in __enter__
-        if hp is None:
-            if not isinstance(getattr(self._local, "h", None), _LastEnd):
-                self._local = _ThreadSteps(self._orphan)
-            return
-        pool = self._pool
-        record_fn = is_capturing_fn = 0
-        if pool is not None and self._record_on is pool.api.make_record_on():
-            # driver events: the C code calls cuEventRecord and cuStreamIsCapturing itself
-            address = getattr(pool.api, "record_address", None)
-            record_fn = address() if address is not None else 0
-            capture = getattr(pool.api, "capture_check_address", None)
-            if record_fn and capture is not None and self._cuda_capturing is not None:
-                is_capturing_fn = capture()
-        if not isinstance(getattr(self._local, "h", None), hp.LastEnd):
-            self._local = _ThreadSteps(self._orphan, hp.LastEnd)
-        native_clock = self._clock is time.perf_counter_ns and sys.platform.startswith("linux")
-        self._hot = hp.Hot(
-            mon=self, clock=None if native_clock else self._clock,
-            capturing=self._cuda_capturing, is_capturing_fn=is_capturing_fn, stream=self._stream,
-            record_on=self._record_on, record_fn=record_fn,
-            raise_for=self._raise_for, pool_pop=self._pool_pop if pool is not None else None,
-            pool_acquire=pool.acquire if pool is not None else None,
-            pool_release=pool.release if pool is not None else None,
-            queue=self._queue, queue_cap=self._queue_cap, local=self._local, nvtx_on=self._nvtx_on,
-            nvtx_push=self._nvtx_push, nvtx_pop=self._nvtx_pop, errors_record=self._errors.record,
-            orphan=self._orphan, give_back=self._give_back, decorate=self._decorate_step,
-            slow_step=self._slow_step, chain_gap_ns=self._chain_gap_ns, every=self._timing_every,
-        )
-        self._hot.window = self._window
-        self._new_step = self._hot.step
-        if self._compile_check is not None:
-            self._compiling = self._compile_check
-        hp_step: Any = hp.make_step
-        self._make_c_step = hp_step
+    def _new_step(self, phase: str, batch: Any, tokens: Any, ctx: Any, seq_lens: Any) -> Any:
+        return self._step(phase, batch, tokens, ctx, seq_lens)
+
+    def _python_step(self, phase: str, batch: Any, tokens: Any, ctx: Any, seq_lens: Any) -> Step:
+        try:
+            return Step(self._hot_state, phase, batch, tokens, ctx, seq_lens)
+        except ConfigError as e:
+            return self._refused(phase, e)
 
     def _slow_step(self, phase: str, batch: Any, tokens: Any, ctx: Any, seq_lens: Any) -> Any:
-        """The C path's constructor for sizes that are not plain ints: validated here, as Phase does."""
-        p = Phase(self, phase, batch, tokens, ctx, seq_lens)  # raises ConfigError for a bad value
-        if p._dynamic:
-            return p  # callables: a decorator only (each call makes a C step from the values)
-        return self._make_c_step(self._hot, phase, p._batch, p._tokens, p._ctx, p._seq_lens)
-
-    def _decorate_step(self, step: Any, fn: F) -> F:
-        return _decorate(self, step.phase, step.sizes, False, fn)
-
-    def _drops(self) -> tuple[int, int]:
-        """(steps dropped because the queue was full, steps not timed because every event was in flight)."""
-        d, u = self._dropped, self._untimed_pool_empty
-        if self._hot is not None:
-            hd, hu = self._hot.counts()
-            d, u = d + hd, u + hu
-        return d, u
-
-    def _push(self, record: tuple[Any, ...]) -> None:
-        # (Phase.__exit__ inlines the same two lines: it runs every step, and a call costs a frame)
-        q = self._queue
-        if len(q) >= self._queue_cap:
-            self._dropped += 1  # exported by the collector; the server never waits
-            return
-        q.append(record)
-
-    def _give_back(self, ev: tuple[Any, Any, tuple[Any, ...]]) -> None:
-        """Events of a step that will not be pushed (an internal error): none may be reused too early.
-
-        The end was never recorded as far as anyone else knows: straight back to the pool. The start
-        may be the previous step's end, and the others are previous ends, which a step still waiting
-        in the queue may need: orphans, given back once the collector has read past them.
-        """
-        pool = self._pool
-        if pool is None:
-            return
+        """The C path's constructor for sizes that are not plain ints: validated here, as Step does."""
         try:
-            pool.release(ev[1])
-            if ev[0] is not None:
-                self._orphan(ev[0], *ev[2])
-            elif ev[2]:
-                self._orphan(*ev[2])
-        except Exception:
-            pass
+            b, t, c, lens, dynamic = check_sizes(phase, batch, tokens, ctx, seq_lens)
+        except ConfigError as e:
+            return self._refused(phase, e)
+        if dynamic:
+            return Step(self._hot_state, phase, batch, tokens, ctx, seq_lens)  # a decorator only
+        return load_native().make_step(self._hot, phase, b, None if t < 0 else t, c, lens)
 
-    def _orphan(self, *events: Any) -> None:
-        """Hand *events* to the collector, to give back once it has read every record queued before now."""
-        c = self._collector
-        # Read in this order, a record moving between the queue, the pending steps and the read count
-        # meanwhile is counted twice, never missed: the mark can only be late, never early.
-        mark = len(self._queue) + (len(c._pending) + c.resolved if c is not None else 0)
-        for ev in events:
-            self._orphans.append((mark, ev))
+    def _refused(self, phase: str, e: ConfigError) -> Step:
+        """A step with a bad size: strict raises; otherwise it runs unrecorded, counted and logged once."""
+        if self.config.strict:
+            raise e
+        self._errors.record(e, f"{phase}() sizes")
+        return NoStep(phase)
 
+    def _reserve_events(self, n: int) -> None:
+        """Make events now until *n* are free (benchmarks that hold the core back: nothing comes back)."""
+        if self.hot_path == "c":
+            self._core.reserve(n)
+        elif self._pool is not None:
+            self._pool.reserve(n)
+
+    def _untimed(self) -> int:
+        n = self._hot_state.untimed
+        if self.hot_path == "c" and self._hot is not None:
+            n += self._hot.untimed
+        return n
+
+    # ---- the serving thread's API -----------------------------------------------------------------
     def request(self, prompt_tokens: int = 0, *, operation: str | None = None, request_id: str | None = None,
                 arrival_ns: int | None = None) -> Request:
         """A request arrived now (or at *arrival_ns* on this Monitor's clock)."""
         if not self._enabled:
-            return _NULL_REQUEST
+            return NULL_REQUEST
         if type(prompt_tokens) is not int or prompt_tokens < 0:
-            prompt_tokens = _check_count("prompt_tokens", prompt_tokens)
+            try:
+                prompt_tokens = check_count("prompt_tokens", prompt_tokens)
+            except ConfigError as e:
+                self._requests.refuse("request", str(e))
+                prompt_tokens = 0
+        if arrival_ns is not None and type(arrival_ns) is not int:
+            self._requests.refuse("request", f"arrival_ns must be an int timestamp, got {arrival_ns!r}")
+            arrival_ns = None
         parent = None
         if self._capture_ctx is not None:
             try:
                 parent = self._capture_ctx()
             except Exception as e:
                 self._errors.record(e, "request context")
-        return Request(self, prompt_tokens, self._clock() if arrival_ns is None else arrival_ns,
+        return Request(self._requests, prompt_tokens, self._clock() if arrival_ns is None else arrival_ns,
                        operation or self.operation, request_id, parent)
 
     def prefill(self, tokens: int | Callable[..., int] | None = None, batch: int | Callable[..., int] = 1, *,
                 seq_lens: Sequence[int] | Callable[..., Sequence[int]] | None = None,
-                cached_tokens: int | Callable[..., int] = 0) -> Phase:
+                cached_tokens: int | Callable[..., int] = 0) -> Step:
         """One prefill step of *batch* sequences, *tokens* prompt tokens in all (or their *seq_lens*).
 
         ``cached_tokens``: prefix tokens already in the KV cache (read, not recomputed; the new tokens attend
         to them, which MFU counts).
         """
-        if self._compiling():  # torch.compile traces this call: the Python Phase, a no-op there
-            return Phase(self, "prefill", batch, tokens, cached_tokens, seq_lens)
-        return self._new_step("prefill", batch, tokens, cached_tokens, seq_lens)
+        if self._compiling():  # torch.compile traces this call: a no-op step there
+            return NoStep("prefill")
+        return self._step("prefill", batch, tokens, cached_tokens, seq_lens)  # type: ignore[no-any-return]
 
     def decode(self, batch: int | Callable[..., int] = 1,
-               context_tokens: int | Callable[..., int] = 0) -> Phase:
+               context_tokens: int | Callable[..., int] = 0) -> Step:
         """One decode step: *batch* sequences, *context_tokens* = the sum of their context lengths."""
-        if self._compiling():  # torch.compile traces this call: the Python Phase, a no-op there
-            return Phase(self, "decode", batch, None, context_tokens, None)
-        return self._new_step("decode", batch, None, context_tokens, None)
+        if self._compiling():  # torch.compile traces this call: a no-op step there
+            return NoStep("decode")
+        return self._step("decode", batch, None, context_tokens, None)  # type: ignore[no-any-return]
 
     def mixed(self, prefill_seq_lens: Sequence[int] | Callable[..., Sequence[int]] = (),
               decode_batch: int | Callable[..., int] = 0,
-              context_tokens: int | Callable[..., int] = 0) -> Phase:
+              context_tokens: int | Callable[..., int] = 0) -> Step:
         """A chunked-prefill + decode step: prefill chunks of *prefill_seq_lens* tokens, and *decode_batch*
         sequences decoding over *context_tokens* context tokens in all. Reports MBU and MFU."""
-        if self._compiling():  # torch.compile traces this call: the Python Phase, a no-op there
-            return Phase(self, "mixed", decode_batch, None, context_tokens, prefill_seq_lens)
-        return self._new_step("mixed", decode_batch, None, context_tokens, prefill_seq_lens)
+        if self._compiling():  # torch.compile traces this call: a no-op step there
+            return NoStep("mixed")
+        return self._step("mixed", decode_batch, None, context_tokens, prefill_seq_lens)  # type: ignore[no-any-return]
 
     # ---- values measured elsewhere ----------------------------------------
-    # For engines that time themselves (vLLM's and SGLang's stat loggers; perfsdk.engines): the values
-    # go through the same queue, collector, histograms and spans as those perfsdk measures.
+    # For engines that time themselves (perfsdk.engines): the values go through the same core, collector,
+    # histograms and spans as those perfsdk measures.
     def record_step(self, phase: str, seconds: float, *, batch: int = 1, tokens: int | None = None,
                     context_tokens: int = 0, seq_lens: Sequence[int] | None = None,
                     end_ns: int | None = None) -> None:
@@ -935,21 +496,38 @@ class Monitor:
         prefill chunks). Host time: an engine's step timer includes what its loop does around the GPU."""
         if not self._enabled:
             return
-        if phase not in _PHASES:
-            raise ConfigError(f"record_step: phase must be one of {_PHASES}, got {phase!r}")
-        if not (isinstance(seconds, (int, float)) and 0 <= seconds < 1e9):  # also NaN and inf
-            raise ConfigError(f"record_step: seconds must be a finite number >= 0, got {seconds!r}")
-        p = Phase(self, phase, batch, tokens, context_tokens, seq_lens)  # validates the sizes
-        if p._dynamic:
-            raise ConfigError("record_step: sizes must be values, not callables")
-        t1 = self._clock() if end_ns is None else end_ns
-        self._push((STEP, phase, t1 - round(seconds * 1e9), t1, None, p._batch, p._tokens, p._ctx, p._seq_lens,
-                    None))
+        try:
+            if phase not in PHASES:
+                raise ConfigError(f"record_step: phase must be one of {PHASES}, got {phase!r}")
+            secs = finite_seconds(seconds)
+            if secs is None:
+                raise ConfigError(f"record_step: seconds must be a finite number >= 0, got {seconds!r}")
+            if end_ns is not None and type(end_ns) is not int:
+                raise ConfigError(f"record_step: end_ns must be an int timestamp, got {end_ns!r}")
+            rec = host_step(phase, secs, self._clock() if end_ns is None else end_ns, batch, tokens,
+                            context_tokens, seq_lens)
+        except ConfigError as e:
+            self._requests.refuse("record_step", str(e))
+            return
+        self._push_step(rec)
+
+    def _push_step(self, rec: Any) -> bool:
+        """Hand a :class:`~perfsdk.records.StepRecord` to the core (False: dropped, the core is behind)."""
+        return bool(self._core.push(rec))
 
     def record_latencies(self, ttft_s: Sequence[float] = (), itl_s: Sequence[float] = ()) -> None:
-        """Times to first token and inter-token gaps (seconds) someone else measured, for the histograms."""
-        if self._enabled and (len(ttft_s) or len(itl_s)):
-            self._push((MEASURED, "latencies", _seconds(ttft_s), _seconds(itl_s)))
+        """Times to first token and inter-token gaps (seconds) someone else measured, for the histograms.
+
+        Values that are not finite, non-negative numbers are left out (an engine's missing value)."""
+        if not self._enabled:
+            return
+        try:
+            ttft, itl = _seconds(ttft_s), _seconds(itl_s)
+        except ConfigError as e:
+            self._requests.refuse("record_latencies", str(e))
+            return
+        if ttft or itl:
+            self._requests.push(MeasuredLatencies(ttft, itl))
 
     def record_finished(self, *, e2e_s: float, queue_s: float | None = None, prefill_s: float | None = None,
                         ttft_s: float | None = None, tpot_s: float | None = None, prompt_tokens: int = 0,
@@ -964,39 +542,63 @@ class Monitor:
         """
         if not self._enabled:
             return
-        e2e = _finite(e2e_s)
-        if e2e is None:
-            raise ConfigError(f"record_finished: e2e_s must be a finite number >= 0, got {e2e_s!r}")
+        try:
+            e2e = finite_seconds(e2e_s)
+            if e2e is None:
+                raise ConfigError(f"record_finished: e2e_s must be a finite number >= 0, got {e2e_s!r}")
+            prompt = check_count("prompt_tokens", prompt_tokens)
+            output = check_count("output_tokens", output_tokens)
+            if end_ns is not None and type(end_ns) is not int:
+                raise ConfigError(f"record_finished: end_ns must be an int timestamp, got {end_ns!r}")
+        except ConfigError as e:
+            self._requests.refuse("record_finished", str(e))
+            return
         end = self._clock() if end_ns is None else end_ns
-        self._push((MEASURED, "finished", end, e2e, _finite(queue_s), _finite(prefill_s), _finite(ttft_s),
-                    _finite(tpot_s), int(prompt_tokens), int(output_tokens), finish_reason, error, request_id))
+        self._requests.push(MeasuredRequest(end, e2e, finite_seconds(queue_s), finite_seconds(prefill_s),
+                                            finite_seconds(ttft_s), finite_seconds(tpot_s), prompt, output,
+                                            str(finish_reason), None if error is None else str(error),
+                                            None if request_id is None else str(request_id)))
 
     # ---- control -------------------------------------------------------
     def flush(self, timeout: float | None = 10.0) -> bool:
-        """Block until everything recorded so far is processed and exported (``False`` on timeout)."""
+        """Block until everything recorded so far is counted and exported (``False`` on timeout)."""
         c = self._collector
         if c is None or not c.is_alive():
             return not self._enabled
-        done = threading.Event()
-        self._queue.append((FLUSH, done))  # a marker is never dropped
+        marker = Flush(threading.Event(), timeout, [])
+        self._requests.push_marker(marker)  # a marker is never dropped
         c.wake()
-        return done.wait(timeout)
+        return marker.done.wait(timeout) and all(marker.result)
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Flush, stop the collector, stop the metrics server. Idempotent."""
+        """Flush, stop the threads and the metrics server, within *timeout* in all. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         if self._window is not None:
             try:
-                self._window.close()
+                self._window.close(left())
             except Exception as e:
                 self._errors.record(e, "window.close")
-        self.flush(timeout)
+        self.flush(left())
         if self._collector is not None:
-            self._collector.stop(timeout)
-        if self._pool is not None and (self._collector is None or not self._collector.is_alive()):
-            self._pool.close()  # nothing in flight any more: destroy the events
+            self._collector.stop(left())
+            for s in self._collector.sinks:
+                try:
+                    s.close(left())
+                except Exception as e:
+                    self._errors.record(e, f"{type(s).__name__}.close")
+        stopped = self._core.stop(left()) if self._enabled else True
+        if stopped:
+            if self.hot_path == "c" and self._enabled:
+                self._core.close_events()  # nothing in flight any more: destroy the free events
+            elif self._pool is not None:
+                self._pool.close()
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -1011,18 +613,27 @@ class Monitor:
         """Serve ``GET /metrics`` (and ``POST /profile``, a profiler-window trigger) on a daemon thread.
 
         Binding anywhere but loopback requires *token* for the trigger (``Authorization: Bearer …``).
+        Called again it returns the running server, if it serves the same port and address (else
+        :class:`~perfsdk.errors.ConfigError`: one server per Monitor).
         """
         from perfsdk.metrics_server import MetricsServer
 
         if self._server is not None:
+            if (port not in (0, self._server.port) or addr != self._server.addr):
+                raise ConfigError(f"serve_metrics: this Monitor already serves {self._server.url}; "
+                                  f"close it first to serve {addr}:{port}")
             return self._server
-        self._server = MetricsServer(self, port=port, addr=addr, token=token)
+        self._server = MetricsServer(self, port=port, addr=addr, token=token, errors=self._errors)
         return self._server
 
     def stats(self) -> dict[str, Any]:
         """Rolling per-phase statistics (last few thousand steps) and the SDK's health counters."""
-        out = (self._collector.stats() if self._collector is not None
-               else {"dropped_records": self._drops()[0], "internal_errors": self._errors.count})
+        if self._collector is not None:
+            out = self._collector.stats()
+        else:
+            out = {"dropped_records": 0, "internal_errors": self._errors.count}
+        if self._otel is not None:
+            out["dropped_spans"] = self._otel.dropped
         if self._window is not None:
             out["profiler"] = self._window.status()
         return out
@@ -1048,46 +659,90 @@ class Monitor:
             raise ConfigError("enable_profiler: a capture is in progress; change settings once it has finished")
         new = ProfilerWindow(self, **config)  # validate before dropping the old window
         old, self._window = self._window, new
-        if self._hot is not None:
-            self._hot.window = new  # the C hot path's copy
+        self._set_window(new)
         if old is not None:
             old.close()
         return new
 
-    def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api") -> Any:
-        """Ask for one profiler capture of *steps* steady-state steps; returns a handle to wait on."""
+    def _set_window(self, w: Any) -> None:
+        self._hot_state.window = w
+        if self.hot_path == "c" and self._hot is not None:
+            self._hot.window = w  # the C hot path's copy
+        if self._collector is not None:
+            self._collector.window = w
+        self._core.feed_window = w is not None
+
+    def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api", *,
+                steady: bool = True) -> Any:
+        """Ask for one profiler capture of *steps* steady-state steps; returns a handle to wait on.
+
+        ``steady=False``: no steady-state gate; the next step entered starts the capture (called at the same
+        step on every rank of a tensor-parallel group, it captures the same steps on each).
+        """
         w = self._window if self._window is not None else self.enable_profiler()
-        return w.trigger(steps=steps, mode=mode, reason=reason)
+        return w.trigger(steps=steps, mode=mode, reason=reason, steady=steady)
+
+    def window_deps(self) -> tuple[ErrorGuard, Callable[[float | None, float | None], None] | None, str]:
+        """What a profiler window needs from its Monitor: the error guard, the profile gauges' setter
+        (GPU busy and communication fractions of the last capture), the rank."""
+        prom = self._prom
+        return (self._errors, prom.set_profile if prom is not None else None,
+                self._extra_label_values[0] if self._extra_label_values else "0")
 
 
-_NULL_REQUEST = _NullRequest()
-
-
-def _finite(v: Any) -> float | None:
-    """*v* as seconds when it is a finite number >= 0, else None (an engine's missing or odd value)."""
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if 0 <= f < 1e9 else None
-
-
-def _seconds(values: Sequence[float]) -> tuple[float, ...]:
-    """The finite, non-negative values of *values*, as floats."""
-    return tuple(f for f in map(_finite, values) if f is not None)
-
-
-def _timing_never() -> bool:
+def _never() -> bool:
     return False
 
 
-def _register_step_type() -> None:
-    hp = _load_hotpath()
-    if hp is not None:
-        Phase.register(hp.Step)
+def _no_step(phase: str, *_: Any) -> Step:
+    return NoStep(phase)
 
 
-_register_step_type()
+def _resolve_model(model: Any) -> ModelSpec | None:
+    if model is None or isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, str):
+        return ModelSpec.named(model)
+    if isinstance(model, Mapping) or hasattr(model, "to_dict"):
+        return ModelSpec.from_hf_config(model)
+    raise ConfigError(
+        f"model: expected a ModelSpec, a known model name or a Hugging Face config, got {type(model).__name__}"
+    )
+
+
+def _resolve_hardware(hardware: Any) -> HardwareSpec | None:
+    from perfsdk import hardware as hw
+
+    if isinstance(hardware, str) and hardware.lower() == "auto":
+        try:
+            return hw.resolve("auto")
+        except Exception as e:  # an unknown GPU is not a reason to refuse to monitor
+            log.warning("perfsdk: could not map this GPU to a datasheet row (%s); MBU/MFU off", e)
+            return None
+    return hw.resolve(hardware)
+
+
+def _seconds(values: Any) -> tuple[float, ...]:
+    """The finite, non-negative values of *values*, as floats (ConfigError if it is not a sequence)."""
+    if values is None or isinstance(values, (str, bytes)):
+        raise ConfigError(f"expected a sequence of seconds, got {values!r}")
+    try:
+        items = list(values)
+    except TypeError:
+        raise ConfigError(f"expected a sequence of seconds, got {values!r}") from None
+    return tuple(f for f in map(finite_seconds, items) if f is not None)
+
+
+def _rank_port(port: int) -> int:
+    """``PERFSDK_METRICS_PORT`` for this process: the base port plus ``LOCAL_RANK`` (torchrun's local rank).
+
+    Every rank of a host gets its own /metrics port (one scrape target per rank: a rank that dies shows as
+    a target down), from one setting shared by all ranks. Port 0 (any free port) stays 0.
+    """
+    import os
+
+    local = os.environ.get("LOCAL_RANK", "")
+    return port + int(local) if port and local.isdigit() else port
 
 
 def _detect_rank(rank: int | str | None) -> int | None:
@@ -1095,7 +750,7 @@ def _detect_rank(rank: int | str | None) -> int | None:
         return None
     if isinstance(rank, int):
         return rank
-    import sys
+    import os
 
     dist = sys.modules.get("torch.distributed")
     try:
@@ -1105,5 +760,15 @@ def _detect_rank(rank: int | str | None) -> int | None:
         pass
     world = os.environ.get("WORLD_SIZE")
     if world and world.isdigit() and int(world) > 1:
-        return int(os.environ.get("RANK", "0") or 0)
+        rank_env = os.environ.get("RANK", "0") or "0"
+        return int(rank_env) if rank_env.isdigit() else None
     return None
+
+
+def _register_native_step() -> None:
+    native = load_native()
+    if native is not None:
+        Step.register(native.Step)
+
+
+_register_native_step()

@@ -15,7 +15,9 @@
         [span] = [s for s in h.spans() if s.name.startswith("text_completion")]
 
 The harness gives the Monitor a fresh ``CollectorRegistry`` (nothing global is
-touched) and, when the OpenTelemetry SDK is installed, its own
+touched), turns strict mode on (a bad value from the code under test raises
+:class:`~perfsdk.errors.ConfigError` instead of being dropped and counted) and,
+when the OpenTelemetry SDK is installed, its own
 ``TracerProvider`` with an ``InMemorySpanExporter`` (the global provider is
 left alone). Reads flush the Monitor first, so everything recorded before the
 read is visible.
@@ -66,12 +68,13 @@ class MonitorHarness:
             self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         except ImportError:
             pass
-        kwargs: dict[str, Any] = {"timing": "host", "nvtx": False, "model": None, "hardware": None}
+        kwargs: dict[str, Any] = {"timing": "host", "nvtx": False, "model": None, "hardware": None, "strict": True}
         kwargs.update(monitor_kwargs)
         if self.tracer_provider is not None:
             kwargs.setdefault("tracer_provider", self.tracer_provider)
         else:
             kwargs.setdefault("otel", False)
+        self.kwargs = kwargs
         self.monitor = Monitor(registry=self.registry, **kwargs)
 
     def flush(self) -> None:

@@ -32,10 +32,10 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-__all__ = ["EventApi", "EventPool", "TorchEvents", "capture_check", "capture_checks", "cuda_usable", "event_api",
-           "make_recorder"]
+__all__ = ["DriverAddresses", "EventApi", "EventPool", "TorchEvents", "capture_check", "capture_checks",
+           "cuda_usable", "event_api", "make_recorder"]
 
 
 def cuda_usable(force: bool = False) -> bool:
@@ -119,6 +119,26 @@ def make_recorder() -> Callable[[Any], None]:
         record_on(event, stream())
 
     return record
+
+
+class DriverAddresses(NamedTuple):
+    """The driver functions the C hot path and step core call directly (addresses; 0 where absent).
+
+    Signatures are libcuda's: ``cuEventRecord(event, stream)``, ``cuStreamIsCapturing(stream, int*)``,
+    ``cuEventQuery(event)``, ``cuEventSynchronize(event)``, ``cuEventElapsedTime(float*, start, end)``,
+    ``cuCtxSetCurrent(ctx)`` and ``cuThreadExchangeStreamCaptureMode(int*)``; events and streams are the
+    handles :meth:`EventApi.new` and the stream call return. A scripted GPU in the tests provides the same
+    through ctypes callbacks.
+    """
+
+    record: int
+    is_capturing: int
+    query: int
+    synchronize: int
+    elapsed: int
+    ctx_set_current: int
+    context: int
+    exchange_capture_mode: int
 
 
 class EventApi(Protocol):
@@ -257,13 +277,13 @@ def _relax_capture_mode() -> None:
 
 
 class EventPool:
-    """A bounded number of reusable events of one :class:`EventApi`.
+    """A bounded number of reusable events of one :class:`EventApi`, each handed out with references.
 
-    ``acquire()`` is called on the serving thread and ``release()`` on the
-    collector; both are single deque operations (thread-safe under the GIL).
-    Events are created lazily up to *capacity* (a few up front so that the
-    first steps do not pay for creation). A timed step holds two events, or
-    one when it shares its start with the previous step's end.
+    An event is held by the step that recorded it and, between steps, by its serving thread (the end of
+    a thread's last step may start its next one); it goes back to the free list when the last holder
+    lets go (:meth:`unref`). The Python hot path and step core use this pool; the C ones keep the same
+    pool in C (``perfsdk/_native/stepcore.c``). ``acquire()`` never blocks: events are created lazily up
+    to *capacity* (a few up front so that the first steps do not pay for creation), then None.
     """
 
     def __init__(self, api: EventApi, capacity: int, prefill: int = 32) -> None:
@@ -274,56 +294,61 @@ class EventPool:
         self.api = api
         self.capacity = capacity
         self._free: deque[Any] = deque()
-        self._all: list[Any] = []
-        self._created = 0
+        self._refs: dict[Any, int] = {}
+        self.created = 0
         self._lock = threading.Lock()
         for _ in range(min(capacity, prefill)):
             self._free.append(self._new())
 
     def _new(self) -> Any:
         ev = self.api.new()
-        self._created += 1
-        self._all.append(ev)
+        self.created += 1
         return ev
 
     def acquire(self) -> Any:
-        """A free event, or None when *capacity* are in flight (never blocks)."""
+        """A free event with one reference (the caller's), or None when *capacity* are in use."""
         try:
-            return self._free.popleft()
+            ev = self._free.popleft()
         except IndexError:
-            pass
-        with self._lock:
-            if self._created < self.capacity:
-                return self._new()
-        return None
+            with self._lock:
+                if self.created >= self.capacity:
+                    return None
+                ev = self._new()
+        self._refs[ev] = 1  # nobody else knows this event yet: no lock needed
+        return ev
 
-    def release(self, ev: Any) -> None:
+    def hold(self, ev: Any) -> None:
+        """One more holder of an event the caller holds (no one else can let go of it meanwhile)."""
+        self._refs[ev] += 1
+
+    def unref(self, ev: Any) -> None:
+        """One holder lets go; the last one puts the event back on the free list."""
+        with self._lock:
+            n = self._refs[ev] - 1
+            if n:
+                self._refs[ev] = n
+                return
+            del self._refs[ev]
         if self.capacity:  # after close() events are not reused (nor destroyed: a thread may hold them)
             self._free.append(ev)
 
     def reserve(self, events: int) -> None:
         """Create events now, up to *events* free ones (within the capacity), so no step pays for creation."""
         with self._lock:
-            while len(self._free) < events and self._created < self.capacity:
+            while len(self._free) < events and self.created < self.capacity:
                 self._free.append(self._new())
-
-    def discard(self, ev: Any) -> None:
-        """Forget an event that failed (a new one may be created in its place)."""
-        with self._lock:
-            self._created -= 1
 
     def close(self) -> None:
         """Stop handing out events; destroy the free ones and release the API.
 
-        Later ``acquire()`` calls return None (steps after close are counted, not timed) and
-        ``release()`` keeps nothing. Events still in a step's hands are left alone — a serving thread
-        may be between its enter and exit — and go with the process.
+        Later ``acquire()`` calls return None (steps after close are counted, not timed) and ``unref()``
+        keeps nothing. Events still held — a serving thread may be between its enter and exit — are left
+        alone and go with the process.
         """
         with self._lock:
             self.capacity = 0
             free = list(self._free)
             self._free.clear()
-            self._all = []
         for ev in free:
             try:
                 self.api.destroy(ev)
@@ -333,4 +358,9 @@ class EventPool:
 
     @property
     def in_use(self) -> int:
-        return self._created - len(self._free)
+        """Events held by a step or a thread."""
+        return len(self._refs)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)

@@ -10,7 +10,7 @@ perfsdk_venv() {
     echo "== creating $VENV"
     "$PYTHON" -m venv "$VENV"
   fi
-  local stamp="$VENV/.perfsdk-$(echo "$extras" | tr ',' '-')-$(cat pyproject.toml setup.py perfsdk/_hotpath.c constraints/ci.txt | cksum | cut -d' ' -f1)"
+  local stamp="$VENV/.perfsdk-$(echo "$extras" | tr ',' '-')-$(cat pyproject.toml setup.py perfsdk/csrc/*.[ch] constraints/ci.txt | cksum | cut -d' ' -f1)"
   if [ ! -f "$stamp" ]; then
     echo "== installing perfsdk[$extras] into $VENV"
     "$PY" -m pip install -q --upgrade pip

@@ -25,6 +25,10 @@ echo "== ruff"
 "$PY" -m ruff check .
 echo "== mypy"
 "$PY" -m mypy
+if "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "== mypy: the Grafana dashboard against Grafana's typed schema (grafana-foundation-sdk, Python 3.11)"
+  "$PY" -m mypy --python-version 3.11 integrations/grafana/build_dashboard.py
+fi
 echo "== pytest"
 set +e
 "$PY" -m pytest --ignore=tests/engines "$@"

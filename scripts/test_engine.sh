@@ -22,7 +22,7 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   exit 1
 fi
 [ -x "$PY" ] || { echo "== creating $VENV"; "$PYTHON" -m venv "$VENV"; }
-stamp="$VENV/.perfsdk-$ENGINE-$(cat constraints/ci.txt "constraints/$ENGINE-cpu.txt" pyproject.toml setup.py perfsdk/_hotpath.c | cksum | cut -d' ' -f1)"
+stamp="$VENV/.perfsdk-$ENGINE-$(cat constraints/ci.txt "constraints/$ENGINE-cpu.txt" pyproject.toml setup.py perfsdk/csrc/*.[ch] | cksum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ]; then
   echo "== installing $ENGINE $VERSION (its Python code; CPU torch: no model runs) into $VENV"
   "$PY" -m pip install -q --upgrade pip

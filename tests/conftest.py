@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from perfsdk.monitor import _load_hotpath
+from perfsdk.monitor import load_native
 
 
 @pytest.fixture(params=["c", "python"])
 def each_hot_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "c" and _load_hotpath() is None:
-        pytest.skip("perfsdk._hotpath is not built here (tests/test_hotpath.py fails for that in CI)")
+    if request.param == "c" and load_native() is None:
+        pytest.skip("perfsdk._native is not built here (tests/test_native.py fails for that in CI)")
     monkeypatch.setenv("PERFSDK_HOT_PATH", request.param)
     return request.param

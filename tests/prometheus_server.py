@@ -4,6 +4,7 @@
 
     with running_prometheus(tmp_path, job="llm", target=f"127.0.0.1:{port}", rule_files=[rules]) as prom:
         query(prom.url, "up")["data"]["result"]
+    # several targets of one job (one per rank): targets=[f"127.0.0.1:{p0}", f"127.0.0.1:{p1}"]
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ class RunningPrometheus:
 
 
 @contextmanager
-def running_prometheus(tmp_path: Path, *, job: str, target: str,
+def running_prometheus(tmp_path: Path, *, job: str, target: str | None = None, targets: Sequence[str] = (),
                        rule_files: Sequence[Path] = ()) -> Iterator[RunningPrometheus]:
-    """Prometheus scraping *target* every second (rules evaluated every second), on a free port."""
+    """Prometheus scraping *target* (or each of *targets*) every second, rules evaluated every second."""
     assert PROMETHEUS is not None and PROMTOOL is not None
+    listed = [*([target] if target else []), *targets]
+    assert listed, "no target to scrape"
     for rules in rule_files:
         shutil.copy(rules, tmp_path / rules.name)
     config = tmp_path / "prometheus.yml"
@@ -62,7 +65,7 @@ def running_prometheus(tmp_path: Path, *, job: str, target: str,
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         + (f"rule_files: [{', '.join(r.name for r in rule_files)}]\n" if rule_files else "")
         + f"scrape_configs:\n  - job_name: {job}\n"
-        f"    static_configs:\n      - targets: ['{target}']\n"
+        f"    static_configs:\n      - targets: [{', '.join(repr(t) for t in listed)}]\n"
     )
     check = subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr

@@ -1,8 +1,9 @@
 """How timed steps use CUDA events, on a CPU box: a scripted GPU stands in for the device.
 
-The real driver path runs on an H200 in ``benchmarks/overhead.py``; here the Monitor's hot path and
-the collector run for real against :class:`FakeGpu`, whose events take the GPU clock of the moment
-they are recorded. What is checked: device times come from the events, a step that follows the
+The real driver path runs on an H200 in ``benchmarks/overhead.py``; here the Monitor's hot path, step
+core and collector run for real against :class:`~fake_gpu.FakeGpu` (both hot paths and both cores:
+the C ones call it through C function pointers), whose events take the GPU clock of the moment they
+are recorded. What is checked: device times come from the events, a step that follows the
 previous one closely shares its boundary event (one record per step), every event goes back to the
 pool exactly when nothing can still read it, and failures and overflow lose none.
 """
@@ -12,100 +13,51 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fake_gpu import FakeGpu, ThreadContextGpu
 
 from perfsdk import budget
 from perfsdk.hardware import HardwareSpec
 from perfsdk.model import ModelSpec
+from perfsdk.monitor import Monitor
+from perfsdk.records import DECODE
 from perfsdk.testing import FakeClock, MonitorHarness, monitor_harness
-from perfsdk.timing import EventPool
 
 MODEL = ModelSpec.named("llama-3-8b")
 HW = HardwareSpec(name="test-gpu", memory_bandwidth=4.8e12, flops={"bf16": 1e15})
 STEP = "perfsdk_step_seconds"
 
-pytestmark = pytest.mark.usefixtures("each_hot_path")  # the C step wrappers and the Python reference
+pytestmark = pytest.mark.usefixtures("each_hot_path")  # the C hot path and core, and the Python reference
 
 
-class Ev:
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.t_ms: float | None = None  # GPU clock when recorded
-        self.stream: int | None = None
-
-    def __repr__(self) -> str:
-        return f"Ev{self.n}"
-
-
-class FakeGpu:
-    """perfsdk.timing.EventApi over Ev: records take the GPU clock, which the test moves."""
-
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.now_ms = 0.0
-        self.stream = 7
-        self.made = 0
-        self.records = 0
-        self.waits = 0
-        self.fail_record_after: int | None = None
-        self.fail_elapsed: set[int] = set()
-
-    # serving-thread side
-    def new(self) -> Ev:
-        self.made += 1
-        return Ev(self.made)
-
-    def destroy(self, ev: Ev) -> None:
-        pass
-
-    def make_stream(self) -> Any:
-        return lambda: self.stream
-
-    def make_record_on(self) -> Any:
-        def record_on(ev: Ev, stream: int) -> int:
-            if self.fail_record_after is not None and self.records >= self.fail_record_after:
-                return 700  # CUDA_ERROR_ILLEGAL_ADDRESS
-            self.records += 1
-            ev.t_ms, ev.stream = self.now_ms, stream
-            return 0
-        return record_on
-
-    def raise_for(self, code: int) -> None:
-        raise RuntimeError(f"cuEventRecord failed ({code})")
-
-    # collector side
-    def query(self, ev: Ev) -> bool:
-        return True
-
-    def wait(self, ev: Ev) -> None:
-        self.waits += 1
-
-    def elapsed_s(self, start: Ev, end: Ev) -> float:
-        if start.n in self.fail_elapsed:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        assert start.t_ms is not None and end.t_ms is not None
-        return (end.t_ms - start.t_ms) / 1e3
-
-    def thread_setup(self) -> None:
-        pass
-
-    def make_record(self) -> Any:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
+def wire(h: MonitorHarness, gpu: FakeGpu, capacity: int = 64, chain_gap_us: float = 10.0) -> Pool:
+    """Rebuild the harness's Monitor on the CUDA path over *gpu*, as Monitor(timing='cuda') would on a GPU."""
+    gpu.pool_capacity = capacity
+    h.monitor.close()
+    kwargs = dict(h.kwargs, _events=gpu, chain_gap_us=chain_gap_us)
+    h.monitor = Monitor(registry=h.registry, **kwargs)
+    return Pool(h.monitor)
 
 
-def wire(h: MonitorHarness, gpu: FakeGpu, capacity: int = 64, chain_gap_us: float = 10.0) -> EventPool:
-    """Give the harness's Monitor the CUDA path, over *gpu*, as Monitor(timing='cuda') would."""
-    mon = h.monitor
-    pool = EventPool(gpu, capacity, prefill=0)  # type: ignore[arg-type]
-    mon._pool = pool
-    mon._pool_pop = pool._free.popleft
-    mon._stream, mon._record_on, mon._raise_for = gpu.make_stream(), gpu.make_record_on(), gpu.raise_for
-    mon._chain_gap_ns = int(chain_gap_us * 1000)
-    mon._bind_hot()
-    return pool
+class Pool:
+    """The Monitor's event pool, whichever core keeps it."""
+
+    def __init__(self, mon: Monitor) -> None:
+        self.mon = mon
+
+    @property
+    def in_use(self) -> int:
+        m = self.mon
+        return int(m._core.events_in_use if m.hot_path == "c" else m._pool.in_use)
+
+    @property
+    def created(self) -> int:
+        m = self.mon
+        return int(m._core.events_created if m.hot_path == "c" else m._pool.created)
+
+
+def seconds(mon: Monitor, phase: int = DECODE) -> list[float]:
+    """The step core's last step times of *phase* (stats())."""
+    return list(mon._core.recent(phase)[2])
 
 
 def steps(h: MonitorHarness, gpu: FakeGpu, clock: FakeClock, gpu_ms: list[float], host_gap_s: float = 0.0) -> None:
@@ -142,7 +94,7 @@ def test_gpu_work_queued_between_chained_steps_counts_in_the_later_step() -> Non
         gpu.now_ms += 0.5  # e.g. a sampling kernel launched between the steps, within the gap
         steps(h, gpu, clock, [2.0])
         assert h.monitor.flush(5)
-        assert sorted(h.monitor._collector._stats["decode"].seconds) == pytest.approx([0.002, 0.0025])  # type: ignore[union-attr]
+        assert sorted(seconds(h.monitor)) == pytest.approx([0.002, 0.0025])
 
 
 @pytest.mark.parametrize("why", ["host gap", "chaining off", "other stream"])
@@ -189,16 +141,11 @@ def test_an_exhausted_pool_counts_steps_without_timing_them_and_recovers() -> No
     with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
         gpu = FakeGpu()
         pool = wire(h, gpu, capacity=3)
-        collector = h.monitor._collector
-        assert collector is not None
-        collector.stop(5)  # nothing is read back meanwhile: the pool runs dry
+        h.monitor._core.pause(True)  # nothing is read back meanwhile: the pool runs dry
         steps(h, gpu, clock, [1.0] * 5, host_gap_s=1e-3)
-        assert h.monitor._drops()[1] == 4  # one step fits in 3 events while none come back
+        assert h.monitor.stats()["untimed_steps_event_pool_empty"] == 4  # one step fits in 3 events
         assert pool.in_use <= 3
-        from perfsdk.collector import Collector
-
-        h.monitor._collector = c = Collector(h.monitor, 0.005)
-        c.start()
+        h.monitor._core.pause(False)
         assert h.monitor.flush(5)
         for _ in range(3):  # each step read before the next: events come back in time
             steps(h, gpu, clock, [1.0], host_gap_s=1e-3)
@@ -217,15 +164,14 @@ def test_a_failed_record_or_read_loses_no_event() -> None:
         steps(h, gpu, clock, [1.0], host_gap_s=1e-3)
         gpu.fail_record_after = None
         assert h.monitor.flush(5)
-        assert len(pool._free) >= 2
-        gpu.fail_elapsed.add(pool._free[1].n)  # the next step's start (its end is taken first)
+        gpu.fail_elapsed = 1  # the next step's read fails
         steps(h, gpu, clock, [1.0] * 6, host_gap_s=1e-3)
         assert h.monitor.flush(5)
         stats = h.monitor.stats()
         assert stats["decode"]["steps"] == 8  # the failed-record step is not pushed; every other one is
         assert stats["internal_errors"] == 2  # the record, then the read
         assert h.count(STEP, phase="decode") == 2 + 5  # neither failed step has a time
-        assert wait_until(lambda: pool.in_use == 1)  # all back but the last end; the failed one remade
+        assert wait_until(lambda: pool.in_use == 1)  # all back but the last end
 
 
 def wait_until(cond: Any, timeout: float = 5.0) -> bool:
@@ -245,15 +191,10 @@ def test_overflowed_steps_give_their_events_back_when_the_collector_catches_up()
     with monitor_harness(model=MODEL, hardware=HW, clock=clock, queue_size=2) as h:
         gpu = FakeGpu()
         pool = wire(h, gpu, capacity=64)
-        collector = h.monitor._collector
-        assert collector is not None
-        collector.stop(5)
+        h.monitor._core.pause(True)
         steps(h, gpu, clock, [1.0] * 10, host_gap_s=1e-3)  # 2 queued, 8 dropped
         assert h.monitor.stats()["dropped_records"] == 8
-        from perfsdk.collector import Collector
-
-        h.monitor._collector = c = Collector(h.monitor, 0.005)
-        c.start()
+        h.monitor._core.pause(False)
         assert h.monitor.flush(5)
         assert wait_until(lambda: pool.in_use == 1)
 
@@ -264,37 +205,33 @@ def test_the_collector_waits_once_for_a_run_of_queued_steps() -> None:
     class InOrderGpu(FakeGpu):
         def __init__(self) -> None:
             super().__init__()
-            self.recorded: list[Ev] = []
+            self.recorded: list[int] = []
             self.done: set[int] = set()
 
         def make_record_on(self) -> Any:
             inner = super().make_record_on()
 
-            def record_on(ev: Ev, stream: int) -> int:
+            def record_on(ev: int, stream: int) -> int:
                 self.recorded.append(ev)
+                self.done.discard(ev)
                 return int(inner(ev, stream))
             return record_on
 
-        def query(self, ev: Ev) -> bool:
-            return ev.n in self.done
+        def query(self, ev: int) -> bool:
+            return ev in self.done
 
-        def wait(self, ev: Ev) -> None:
+        def wait(self, ev: int) -> None:
             self.waits += 1
-            upto = max(i for i, e in enumerate(self.recorded) if e is ev)
-            self.done.update(e.n for e in self.recorded[: upto + 1])
+            upto = max(i for i, e in enumerate(self.recorded) if e == ev)
+            self.done.update(self.recorded[: upto + 1])
 
     clock = FakeClock()
     with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
         gpu = InOrderGpu()
         wire(h, gpu)
-        collector = h.monitor._collector
-        assert collector is not None
-        collector.stop(5)  # queue all five before the collector looks at any
+        h.monitor._core.pause(True)  # queue all five before the core looks at any
         steps(h, gpu, clock, [1.0, 2.0, 3.0, 4.0, 5.0], host_gap_s=1e-3)
-        from perfsdk.collector import Collector
-
-        h.monitor._collector = c = Collector(h.monitor, 0.005)
-        c.start()
+        h.monitor._core.pause(False)
         assert h.monitor.flush(5)
         assert gpu.waits == 1
         assert h.count(STEP, phase="decode") == 5
@@ -325,7 +262,7 @@ def test_an_untimed_step_is_not_folded_into_the_next_timed_one() -> None:
         wire(h, gpu)
         steps(h, gpu, clock, [2.0] * 6)  # back to back, 2 ms of GPU work each; every other one timed
         assert h.monitor.flush(5)
-        secs = list(h.monitor._collector._stats["decode"].seconds)  # type: ignore[union-attr]
+        secs = list(seconds(h.monitor))
         assert secs == pytest.approx([0.002] * 3)
 
 
@@ -342,7 +279,7 @@ def test_two_threads_on_one_stream_do_not_chain_across_each_other() -> None:
         other.join()
         steps(h, gpu, clock, [2.0])
         assert h.monitor.flush(5)
-        secs = sorted(h.monitor._collector._stats["decode"].seconds)  # type: ignore[union-attr]
+        secs = sorted(seconds(h.monitor))
         assert secs == pytest.approx([0.002, 0.002, 0.003])
 
 
@@ -357,7 +294,7 @@ def test_a_step_of_another_thread_during_the_end_record_breaks_the_chain() -> No
         record_on = gpu.make_record_on()
         cut_in = [False]
 
-        def record_releasing_the_gil(ev: Ev, stream: int) -> int:
+        def record_releasing_the_gil(ev: int, stream: int) -> int:
             r = record_on(ev, stream)
             if cut_in[0]:
                 cut_in[0] = False
@@ -374,7 +311,7 @@ def test_a_step_of_another_thread_during_the_end_record_breaks_the_chain() -> No
             cut_in[0] = True  # at this step's end record
         steps(h, gpu, clock, [2.0])
         assert h.monitor.flush(5)
-        secs = sorted(h.monitor._collector._stats["decode"].seconds)  # type: ignore[union-attr]
+        secs = sorted(seconds(h.monitor))
         assert secs == pytest.approx([0.001, 0.001, 0.002, 0.005])  # not 0.007: no chain over the 5 ms
 
 
@@ -408,35 +345,34 @@ def test_failing_nvtx_pop_or_event_creation_loses_no_event() -> None:
     clock = FakeClock()
     with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
         class Gpu(FakeGpu):
-            fail = False
+            fail_at: int | None = None  # the n-th event made fails
 
-            def new(self) -> Ev:
-                if self.fail:
+            def new(self) -> int:
+                if self.fail_at is not None and self.made + 1 == self.fail_at:
+                    self.fail_at = None
                     raise RuntimeError("cuEventCreate: out of memory")
                 return super().new()
 
         gpu = Gpu()
+        gpu.pool_prefill = 0  # every event is made when a step first needs it
+        gpu.fail_at = 2  # the first step's end is made, its start fails
         pool = wire(h, gpu, capacity=32)
         mon = h.monitor
+        steps(h, gpu, clock, [1.0], host_gap_s=1e-3)
+        assert mon.flush(5)
+        assert h.count(STEP, phase="decode") == 0 and mon.stats()["internal_errors"] == 1
+        assert pool.in_use == 0  # the end went back
 
         def bad_pop() -> None:
             raise RuntimeError("nvtx exploded")
 
-        mon._nvtx_on, mon._nvtx_push, mon._nvtx_pop = True, (lambda *a: None), bad_pop  # type: ignore[method-assign]
+        st = mon._hot_state
+        st.nvtx_on, st.nvtx_push, st.nvtx_pop = True, (lambda *a: None), bad_pop
         mon._bind_hot()
         steps(h, gpu, clock, [1.0] * 5, host_gap_s=1e-3)
         assert mon.flush(5)
         assert h.count(STEP, phase="decode") == 5  # a failing NVTX pop does not cost the step its time
-        mon._nvtx_on = False
-        mon._bind_hot()
-        pool.reserve(len(pool._free) + 1)
-        while len(pool._free) > 1:  # one free event: the end takes it, the start must be created
-            pool._free.pop()
-            pool._created -= 1
-        gpu.fail = True
-        steps(h, gpu, clock, [1.0], host_gap_s=1e-3)
-        gpu.fail = False
-        assert mon.flush(5)
+        assert mon.stats()["internal_errors"] == 6
         assert wait_until(lambda: pool.in_use == 1)  # only the last end, held for the next start
 
 
@@ -449,15 +385,15 @@ def test_close_while_a_step_is_open_destroys_nothing_in_use() -> None:
                 self.dead: set[int] = set()
                 self.recorded_dead: list[int] = []
 
-            def destroy(self, ev: Ev) -> None:
-                self.dead.add(ev.n)
+            def destroy(self, ev: int) -> None:
+                self.dead.add(ev)
 
             def make_record_on(self) -> Any:
                 inner = super().make_record_on()
 
-                def record_on(ev: Ev, stream: int) -> int:
-                    if ev.n in self.dead:
-                        self.recorded_dead.append(ev.n)
+                def record_on(ev: int, stream: int) -> int:
+                    if ev in self.dead:
+                        self.recorded_dead.append(ev)
                         return 400  # CUDA_ERROR_INVALID_HANDLE, at best
                     return int(inner(ev, stream))
                 return record_on
@@ -468,33 +404,65 @@ def test_close_while_a_step_is_open_destroys_nothing_in_use() -> None:
         with h.monitor.decode(batch=1, context_tokens=10):  # the engine thread mid-step...
             h.monitor.close()  # ...while shutdown closes the Monitor
         assert gpu.recorded_dead == []
-        assert all(ev.n not in gpu.dead for ev in pool._free)
+        assert gpu.dead  # the free ones were destroyed
+        assert pool.in_use >= 1
 
 
 def test_a_failed_wait_on_the_newest_step_is_not_blamed_on_the_oldest() -> None:
     clock = FakeClock()
     with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
         class Gpu(FakeGpu):
-            bad: Ev | None = None
+            bad: int | None = None
 
-            def query(self, ev: Ev) -> bool:
-                return False  # nothing reports done: the collector must wait
+            def query(self, ev: int) -> bool:
+                return False  # nothing reports done: the core must wait
 
-            def wait(self, ev: Ev) -> None:
+            def wait(self, ev: int) -> None:
                 if ev is self.bad:
                     raise RuntimeError("CUDA error while waiting")
 
         gpu = Gpu()
         wire(h, gpu)
-        collector = h.monitor._collector
-        assert collector is not None
-        collector.stop(5)
+        h.monitor._core.pause(True)
         steps(h, gpu, clock, [1.0] * 3, host_gap_s=1e-3)
-        gpu.bad = h.monitor._queue[-1][4][1]
-        from perfsdk.collector import Collector
-
-        h.monitor._collector = c = Collector(h.monitor, 0.005)
-        c.start()
+        gpu.bad = max(gpu.t_ms, key=gpu.t_ms.__getitem__)  # the newest step's end: recorded at the latest GPU time
+        h.monitor._core.pause(False)
         assert h.monitor.flush(5)
         assert h.count(STEP, phase="decode") == 2  # only the step whose own end failed is untimed
-        assert h.monitor._errors.count == 1
+        assert h.monitor.stats()["internal_errors"] == 1
+
+
+# ---- a new thread whose first CUDA call is a perfsdk step ---------------------------------------
+def _steps_on_a_new_thread(h: MonitorHarness, gpu: FakeGpu, clock: FakeClock, n: int) -> None:
+    import threading
+
+    t = threading.Thread(target=steps, args=(h, gpu, clock, [2.0] * n))
+    t.start()
+    t.join()
+
+
+def test_first_step_on_a_new_thread_is_timed(each_hot_path: str) -> None:
+    """A thread with no current CUDA context: the C path's cuStreamIsCapturing and both paths' cuEventRecord
+    answer 201 (CUDA_ERROR_INVALID_CONTEXT); the context is made current once and the step is timed."""
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = ThreadContextGpu()
+        wire(h, gpu)
+        _steps_on_a_new_thread(h, gpu, clock, 3)
+        assert h.count(STEP, phase="decode") == 3
+        assert h.sum(STEP, phase="decode") == pytest.approx(0.006)
+        assert h.monitor.stats()["internal_errors"] == 0
+        assert gpu.context_calls == 1  # once for the thread, then its context stays current
+        if each_hot_path == "c":
+            assert gpu.capture_checks == 3  # the C path asks the driver about the step's stream
+
+
+def test_without_a_way_to_make_the_context_current_the_step_is_lost_and_counted() -> None:
+    """The control: the same GPU with no ensure_context loses the new thread's steps, loudly."""
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = ThreadContextGpu(ensure=False)
+        wire(h, gpu)
+        _steps_on_a_new_thread(h, gpu, clock, 2)
+        assert h.count(STEP, phase="decode") == 0
+        assert h.monitor.stats()["internal_errors"] == 2

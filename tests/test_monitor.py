@@ -20,6 +20,7 @@ from perfsdk import budget
 from perfsdk.errors import ConfigError
 from perfsdk.hardware import HardwareSpec
 from perfsdk.model import ModelSpec
+from perfsdk.records import DECODE, HOST, UNTIMED, StepRecord
 from perfsdk.testing import FakeClock, MonitorHarness, monitor_harness
 
 TTFT = "gen_ai_server_time_to_first_token_seconds"
@@ -237,14 +238,15 @@ def test_internal_failures_never_reach_the_server(caplog: pytest.LogCaptureFixtu
         def broken_nvtx(*_: Any) -> None:
             raise RuntimeError("nvtx exploded")
 
-        real_push, real_on = mon._nvtx_push, mon._nvtx_on
-        mon._nvtx_push, mon._nvtx_on = broken_nvtx, True  # type: ignore[method-assign]
+        st = mon._hot_state
+        real_push, real_on = st.nvtx_push, st.nvtx_on
+        st.nvtx_push, st.nvtx_on = broken_nvtx, True
         mon._bind_hot()
         with caplog.at_level(logging.ERROR, logger="perfsdk"):
             for _ in range(3):
                 with mon.decode(batch=1):
                     ran = True
-        mon._nvtx_push, mon._nvtx_on = real_push, real_on  # type: ignore[method-assign]
+        st.nvtx_push, st.nvtx_on = real_push, real_on
         mon._bind_hot()
         assert ran
         assert h.value("perfsdk_internal_errors_total") == 3
@@ -254,17 +256,15 @@ def test_internal_failures_never_reach_the_server(caplog: pytest.LogCaptureFixtu
         # a sink that raises on the collector thread: counted, the collector keeps going
         prom = mon._prom
         assert prom is not None
-        real = prom.step["prefill"]
 
-        class Exploding:
-            def observe(self, _: float) -> None:
-                raise OSError("disk full")
+        def exploding(_: Any) -> None:
+            raise OSError("disk full")
 
-        prom.step["prefill"] = Exploding()
+        prom.steps = exploding  # type: ignore[method-assign]
         with mon.prefill(tokens=8):
             pass
         h.flush()
-        prom.step["prefill"] = real
+        del prom.steps
         with mon.prefill(tokens=8):
             pass
         assert h.count(STEP, phase="prefill") == 1
@@ -274,18 +274,13 @@ def test_internal_failures_never_reach_the_server(caplog: pytest.LogCaptureFixtu
 def test_overflow_drops_and_counts_never_blocks() -> None:
     with monitor_harness(queue_size=10) as h:
         mon = h.monitor
-        assert mon._collector is not None
-        mon._collector.stop(5)  # a collector that has fallen far behind
+        mon._core.pause(True)  # a step core that has fallen far behind
         for _ in range(25):
             with mon.decode(batch=1):
                 pass
         assert mon.stats()["dropped_records"] == 15
-        assert len(mon._queue) == 10
-        # a fresh collector catches up and exports the drop count
-        from perfsdk.collector import Collector
-
-        mon._collector = Collector(mon, 0.001)
-        mon._collector.start()
+        assert mon._core.waiting == 10
+        mon._core.pause(False)  # it catches up; the drop count is exported
         assert h.value("perfsdk_dropped_records_total") == 15
         assert h.count(STEP, phase="decode") == 10
 
@@ -367,13 +362,13 @@ def test_graph_capture_makes_wrappers_noops() -> None:
     with monitor_harness() as h:
         mon = h.monitor
         # what the capture checks report inside CUDA-graph capture (the Python path's and the C path's)
-        mon._capturing = mon._cuda_capturing = lambda: True
+        mon._hot_state.capturing = lambda: True
         mon._bind_hot()
         with mon.decode(batch=1):
             pass
         assert mon.flush(5)
         assert h.count(STEP, phase="decode") == 0
-        mon._capturing = mon._cuda_capturing = lambda: False
+        mon._hot_state.capturing = lambda: False
         mon._bind_hot()
         with mon.decode(batch=1):
             pass
@@ -447,6 +442,7 @@ def test_exported_metrics_are_exactly_the_documented_set() -> None:
             "perfsdk_step_flops_utilization", "perfsdk_step_bytes", "perfsdk_step_flops", "perfsdk_step_tokens",
             "perfsdk_hardware_peak_bandwidth_bytes", "perfsdk_hardware_peak_flops", "perfsdk_dropped_records",
             "perfsdk_internal_errors", "perfsdk_profile_gpu_busy_fraction",
+            "perfsdk_profile_communication_fraction",
         }
         text = generate_latest(h.registry).decode()
         assert "vllm:" not in text
@@ -578,8 +574,8 @@ def test_untimed_steps_are_counted_but_not_timed() -> None:
     """Monitor(timing_every=N) on a GPU pushes unsampled steps with events=False: counters only."""
     with monitor_harness(model=MODEL, hardware=HW) as h:
         mon = h.monitor
-        mon._push(("s", "decode", 0, 1_000_000, False, 2, None, 100, None, None))
-        mon._push(("s", "decode", 0, 1_000_000, None, 2, None, 100, None, None))
+        mon._push_step(StepRecord(DECODE, UNTIMED, 0, 1_000_000, None, None, 2, -1, 100, 0, 0, 0, None))
+        mon._push_step(StepRecord(DECODE, HOST, 0, 1_000_000, None, None, 2, -1, 100, 0, 0, 0, None))
         assert h.count(STEP, phase="decode") == 1
         assert h.count(MBU, phase="decode") == 1
         assert h.value("perfsdk_step_tokens_total", phase="decode") == 4

@@ -36,12 +36,12 @@ def test_pool_is_bounded_lazy_and_reserve_fills_it() -> None:
     assert evs[-1] is None  # capacity 4: the fifth is refused, never blocks
     assert pool.in_use == 4
     for ev in evs[:4]:
-        pool.release(ev)
+        pool.unref(ev)
     assert pool.in_use == 0
     assert api.made == 4
     pool2 = EventPool(_CountingApi(), capacity=6, prefill=0)  # type: ignore[arg-type]
     pool2.reserve(10)  # capped by the capacity
-    assert pool2.in_use == 0 and len(pool2._free) == 6
+    assert pool2.in_use == 0 and pool2.free == 6
 
 
 def test_closed_pool_destroys_free_events_and_times_nothing_more() -> None:
@@ -52,17 +52,21 @@ def test_closed_pool_destroys_free_events_and_times_nothing_more() -> None:
     assert api.destroyed == 2  # the free ones; the held one is not destroyed under its user
     assert api.closed
     assert pool.acquire() is None
-    pool.release(held)  # given back after close: kept by nobody, never handed out again
+    pool.unref(held)  # let go of after close: kept by nobody, never handed out again
     assert pool.acquire() is None
 
 
-def test_a_failed_event_can_be_replaced() -> None:
+def test_an_event_goes_back_when_its_last_holder_lets_go() -> None:
+    """A step holds its end; its thread holds it too (the next step may start there): two references."""
     api = _CountingApi()
     pool = EventPool(api, capacity=2, prefill=2)  # type: ignore[arg-type]
     a, b = pool.acquire(), pool.acquire()
     assert a is not None and b is not None and pool.acquire() is None
-    pool.discard(a)
-    assert pool.acquire() is not None
+    pool.hold(a)
+    pool.unref(a)
+    assert pool.in_use == 2 and pool.acquire() is None  # still held once
+    pool.unref(a)
+    assert pool.in_use == 1 and pool.acquire() == a
 
 
 def test_pool_size_and_choice_are_validated() -> None:

@@ -257,6 +257,49 @@ def test_diagnosis_sets_the_gpu_busy_gauge(mon: perfsdk.Monitor, registry: Colle
     assert json.loads(Path(dpath).read_text())["findings"][0]["kind"] == "launch_bound"
 
 
+def test_profile_gauges_appear_at_the_first_capture_not_before(mon: perfsdk.Monitor, registry: CollectorRegistry,
+                                                               tmp_path: Path) -> None:
+    labels = {"model": mon.model_name}
+    # before any capture nothing is exported: a 0 would read as an idle GPU, or as the rank that waits least
+    assert registry.get_sample_value("perfsdk_profile_gpu_busy_fraction", labels) is None
+    assert registry.get_sample_value("perfsdk_profile_communication_fraction", labels) is None
+    trace = tmp_path / "h200_eager.pt.trace.json.gz"
+    shutil.copy(DATA / "h200_eager.pt.trace.json.gz", trace)
+    mon.enable_profiler(directory=tmp_path, min_free_mb=0).diagnose(str(trace), steady=True)
+    comm = registry.get_sample_value("perfsdk_profile_communication_fraction", labels)
+    assert comm == analyze_trace(trace).communication_share == 0.0  # one GPU: no collectives in it
+    assert registry.get_sample_value("perfsdk_profile_gpu_busy_fraction", labels) is not None
+
+
+def test_steady_false_starts_the_capture_at_the_next_step(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    """No gate: ready at the trigger, so a loop that triggers between steps captures the steps after it
+    (every rank of a tensor-parallel group that triggers at the same step captures the same steps)."""
+    import torch
+
+    w = mon.enable_profiler(**fast_window(tmp_path, warmup=1, steady_timeout_s=3600.0))
+    with pytest.raises(ConfigError, match="steady"):
+        mon.profile(steady="no")  # type: ignore[arg-type]
+    x = torch.ones(4)
+    h = None
+    for i in range(8):  # far fewer steps than the gate's warm-up and window: a gated capture never starts
+        if i == 2:
+            h = mon.profile(steps=3, steady=False)
+            assert h.to_dict()["state"] == "ready" and w.hot
+        with mon.decode(batch=1, context_tokens=16):
+            for _ in range(i + 1):  # step i leaves i + 1 mul_ ops in a trace: the steps can be told apart
+                x.mul_(1.0)
+    assert h is not None
+    result = h.wait(60)
+    assert result is not None and result.error is None, result
+    assert result.steady is False  # what the gate read at the trigger: not steady yet
+    diag = analyze_trace(result.trace or "")
+    assert diag.trace is not None and len(diag.steps) == 3
+    # step 2 (the first after the trigger) is the profiler's warm-up; steps 3, 4, 5 are recorded
+    muls = [sum(1 for e in diag.trace.cpu_ops if e.name == "aten::mul_"
+                and s.host_start_us <= e.ts < s.host_start_us + s.host_dur_us) for s in diag.steps]
+    assert muls == [4, 5, 6]
+
+
 # ---- one window at a time, disk guard, nsys without CUDA -------------------------------------------
 
 

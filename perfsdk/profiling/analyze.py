@@ -35,7 +35,15 @@ change to try: ``launch_bound``, ``sync_bound``, ``copy_bound``, ``communication
 healthy ``memory_bound`` (decode) / ``compute_bound`` (prefill) when the GPU is kept busy.
 
 A trace without GPU events (CPU-only profiling) still gets step times and host-side findings:
-reads of tensor values (``aten::item``), which on a GPU each wait for the device.
+reads of tensor values (``aten::item``), which on a GPU each wait for the device, and the time
+the step spent in collectives (gloo's ``gloo:all_reduce`` ranges, which run on gloo's own threads
+and include the wait for the slowest rank).
+
+**Communication share.** ``summary()["communication_share"]`` is the share of step time spent in
+collectives that nothing else overlapped: NCCL (and custom all-reduce) kernels on a GPU, gloo/NCCL
+ranges on the host in a CPU-only trace. In tensor parallelism it includes the *wait* for the slowest
+rank; comparing it across the ranks of one group separates waiting from transfer:
+:mod:`perfsdk.profiling.ranks` (``perfsdk analyze rank0.json rank1.json``).
 """
 
 from __future__ import annotations
@@ -103,6 +111,10 @@ _LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cuGraphLaunch"
 _GRAPH_LAUNCH = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_v10000"})
 # host reads of a tensor value: item() / bool() / tolist() all end in _local_scalar_dense
 _HOST_READ_OPS = frozenset({"aten::_local_scalar_dense"})
+# host-side collectives (CPU-only traces): torch.distributed's record_function ranges ("gloo:all_reduce",
+# "nccl:all_reduce", ...) and its c10d ops. gloo runs the collective on its own threads, so these are
+# looked for on every thread, and their union (ranges nest and overlap) is the time spent in them.
+_HOST_COLLECTIVE = re.compile(r"^(?:gloo|nccl|mpi|ucc|xccl):|^c10d::")
 
 
 @dataclass(frozen=True)
@@ -163,6 +175,7 @@ class StepStats:
     copy_us: float = 0.0
     copy_bytes: int = 0
     exposed_comm_us: float = 0.0
+    host_comm_us: float = 0.0  # CPU-only traces: time inside collectives (any thread), within the step
     host_reads: int = 0
     host_read_us: float = 0.0
 
@@ -216,6 +229,7 @@ class StepStats:
             "h2d_pageable_bytes": self.h2d_pageable_bytes,
             "copy_us": round(self.copy_us, 2),
             "exposed_comm_us": round(self.exposed_comm_us, 2),
+            "host_comm_us": round(self.host_comm_us, 2),
             "host_reads": self.host_reads,
         }
 
@@ -240,6 +254,16 @@ class Diagnosis:
         steps = self._gpu_steps()
         window = sum(s.gpu_window_us for s in steps)
         return sum(s.gpu_busy_us for s in steps) / window if window > 0 else None
+
+    @property
+    def communication_share(self) -> float | None:
+        """Share of step time in collectives nothing overlapped (GPU: kernels; CPU-only: host ranges)."""
+        if self.has_gpu:
+            steps = self._gpu_steps()
+            window = sum(s.gpu_window_us for s in steps)
+            return sum(s.exposed_comm_us for s in steps) / window if window > 0 else None
+        host = sum(s.host_dur_us for s in self.steps)
+        return sum(s.host_comm_us for s in self.steps) / host if host > 0 else None
 
     def _mean(self, attr: str) -> float:
         steps = self._gpu_steps() if self.has_gpu else self.steps
@@ -273,6 +297,8 @@ class Diagnosis:
             "h2d_pageable_copies_per_step": round(self._mean("h2d_pageable_copies"), 2),
             "graph_launches_per_step": round(self._mean("graph_launches"), 2),
             "host_reads_per_step": round(self._mean("host_reads"), 2),
+            "communication_share": None if (comm := self.communication_share) is None else round(comm, 4),
+            "communication_us_mean": round(self._mean("exposed_comm_us" if self.has_gpu else "host_comm_us"), 2),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -302,6 +328,9 @@ class Diagnosis:
                              sorted(s["category_shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
             if cats:
                 lines.append(f"  host operator time by category (self time): {cats}")
+            if s["communication_us_mean"]:
+                lines.append(f"  in collectives: {s['communication_share']:.0%} of step time "
+                             f"({s['communication_us_mean'] / 1000:.3f} ms per step, waits for other ranks included)")
         elif busy is not None:
             lines.append(f"  GPU busy {busy:.0%}; idle: waiting for launch {s['idle_launch_wait_share']:.0%} "
                          f"(after a host sync {s['idle_after_sync_share']:.0%}), "
@@ -315,6 +344,9 @@ class Diagnosis:
             cats = ", ".join(f"{c} {v:.0%}" for c, v in
                              sorted(s["category_shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
             lines.append(f"  GPU time by category: {cats or '-'}")
+            if s["communication_us_mean"]:
+                lines.append(f"  in collectives, not overlapped: {s['communication_share']:.0%} of step time "
+                             f"({s['communication_us_mean'] / 1000:.3f} ms per step, waits for other ranks included)")
         if self.findings:
             lines.append("findings (by time at stake):")
             for i, f in enumerate(self.findings, 1):
@@ -476,6 +508,10 @@ def analyze_trace(
     runtime_by_thread = _by_thread(trace.runtime)
     cpu_by_thread = _by_thread(trace.cpu_ops)
     ops = trace.gpu_ops
+    # CPU-only traces: time inside collectives, on any thread (gloo works on its own threads)
+    host_comm = [] if trace.has_gpu else _merge(
+        (e.ts, e.end) for e in (*trace.annotations, *trace.cpu_ops) if _HOST_COLLECTIVE.match(e.name))
+    host_comm_starts = [b[0] for b in host_comm]
 
     steps: list[StepStats] = []
     step_of_corr: dict[int, int] = {}
@@ -502,6 +538,8 @@ def analyze_trace(
             if c.name in _HOST_SYNCS or c.name == "cudaMemcpy":
                 st.sync_blocked_us += c.dur
         cpu_in_step = _in_span(cpu_by_thread, trace.cpu_ops, span)
+        if not trace.has_gpu and host_comm:
+            st.host_comm_us = _overlap(host_comm, host_comm_starts, span.start, span.end)
         for op in cpu_in_step:
             if op.name in _HOST_READ_OPS:
                 st.host_reads += 1
@@ -673,9 +711,12 @@ def _findings(diag: Diagnosis) -> list[Finding]:
     if comm >= COMM_BOUND_MIN_SHARE:
         out.append(Finding(
             "communication_bound", comm,
-            f"collective kernels not overlapped by compute take {comm:.0%} of step time",
-            "Overlap communication with compute (async collectives, a separate stream), send fewer "
-            "and larger all-reduces (fuse them), or lower the tensor-parallel degree."))
+            f"collective kernels not overlapped by compute take {comm:.0%} of step time (time waiting for "
+            "slower ranks included)",
+            "First compare every rank's trace of the same steps (perfsdk analyze rank0.json rank1.json): "
+            "part of this may be waiting for a straggler, which no interconnect change wins back. For the "
+            "transfer itself: overlap communication with compute (async collectives, a separate stream), send "
+            "fewer and larger all-reduces (fuse them), or lower the tensor-parallel degree."))
 
     # "healthy" means busy running kernels: time spent copying or in exposed collectives is
     # already charged to its own finding, so it does not make a step look healthy

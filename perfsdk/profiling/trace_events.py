@@ -9,6 +9,7 @@ SGLang's ``--profile`` output, or a user's ``prof.export_chrome_trace(...)``::
     trace.gpu_ops        # kernels, memcpys, memsets: what occupies the GPU, sorted by start
     trace.runtime        # cudaLaunchKernel, cudaGraphLaunch, cudaMemcpyAsync, cuda*Synchronize ...
     trace.launch_of(op)  # the host call that enqueued a GPU op (by correlation id)
+    trace.rank           # torch.distributed rank from the trace's "distributedInfo" (None if absent)
 
 Only complete events (``"ph": "X"``) carry time; the categories that matter are
 
@@ -86,6 +87,9 @@ class Trace:
     annotations: list[Event] = field(default_factory=list)
     cpu_ops: list[Event] = field(default_factory=list)
     source: str = "<events>"
+    # torch.profiler writes "distributedInfo" (backend, rank, world_size) when a process group is up
+    rank: int | None = None
+    world_size: int | None = None
     _launch_by_corr: dict[int, Event] = field(default_factory=dict, repr=False)
 
     @property
@@ -101,6 +105,11 @@ class Trace:
 
 def read_trace_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The raw ``traceEvents`` list of a ``.json`` or ``.json.gz`` chrome trace."""
+    return _read_trace(path)[0]
+
+
+def _read_trace(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The ``traceEvents`` list and the document's other top-level keys (``{}`` for the bare-array form)."""
     p = os.fspath(path)
     try:
         with open(p, "rb") as f:
@@ -115,9 +124,10 @@ def read_trace_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     except ValueError as e:
         raise ConfigError(f"trace: {p!r} is not a JSON chrome trace: {e}") from e
     if isinstance(doc, list):  # the bare-array form of the chrome trace format
-        return [e for e in doc if isinstance(e, dict)]
+        return [e for e in doc if isinstance(e, dict)], {}
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
-        return [e for e in doc["traceEvents"] if isinstance(e, dict)]
+        meta = {k: v for k, v in doc.items() if k != "traceEvents"}
+        return [e for e in doc["traceEvents"] if isinstance(e, dict)], meta
     raise ConfigError(f"trace: {p!r} has no 'traceEvents' list")
 
 
@@ -169,13 +179,18 @@ def _with_flow_correlation(op: Event, flow_finish: Mapping[tuple[str, str, float
 
 def load_trace(source: str | os.PathLike[str] | Iterable[Mapping[str, Any]]) -> Trace:
     """Parse a trace file (``.json`` / ``.json.gz``) or an iterable of event dicts."""
+    meta: Mapping[str, Any] = {}
     if isinstance(source, (str, os.PathLike)):
-        raw_events: Sequence[Mapping[str, Any]] = read_trace_events(source)
+        raw_events: Sequence[Mapping[str, Any]]
+        raw_events, meta = _read_trace(source)
         name = os.fspath(source)
     else:
         raw_events = list(source)
         name = "<events>"
     trace = Trace(source=name)
+    dist = meta.get("distributedInfo")
+    if isinstance(dist, Mapping):
+        trace.rank, trace.world_size = _int_or_none(dist.get("rank")), _int_or_none(dist.get("world_size"))
     # ac2g flows: "s" sits on the launching host call, "f" on the GPU op; both carry the
     # correlation id as "id". Used only to recover a GPU op whose args lack "correlation".
     flow_finish: dict[tuple[str, str, float], int] = {}

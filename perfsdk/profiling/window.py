@@ -13,6 +13,7 @@ Usage::
     )
 
     handle = mon.profile(steps=4)             # API trigger; or: curl -X POST 'http://127.0.0.1:9400/profile?steps=4'
+    handle = mon.profile(steps=4, steady=False)  # no gate: the serving thread's next step starts the capture
     handle.to_dict()                          # {"accepted": True, "id": 1, "state": "armed", ...}
     result = handle.wait(timeout=60)          # CaptureResult, or None while still waiting
     result.trace                              # .../perfsdk-<host>-<pid>-rank0-<UTC>.pt.trace.json.gz
@@ -34,6 +35,13 @@ with ``auto=True``, a drop of the rolling decode MBU *auto_drop* below its trail
 time: a trigger while another capture is armed, running or being written is refused, with the
 reason in ``handle.to_dict()["reason"]`` (HTTP 409).
 
+**Every rank at the same steps.** ``mon.profile(steps=N, steady=False)`` skips the gate: the window
+is ready at once, and the next step the serving thread enters starts the profiler. Called at the same
+step on every rank of a tensor-parallel group (ranks step in lockstep), it captures the same steps
+everywhere, which is what ``perfsdk analyze rank0.json rank1.json`` compares
+(:mod:`perfsdk.profiling.ranks`). Each capture exports its share of step time in collectives
+(``perfsdk_profile_communication_fraction``), so Prometheus can compare the ranks too.
+
 **The gate.** An accepted trigger *arms* the window. The collector thread feeds every decode step
 to a :class:`~perfsdk.profiling.steady.SteadyGate`; when the step-time coefficient of variation
 over the last *steady_window* steps of one batch size drops under *steady_cv* (the first
@@ -53,7 +61,7 @@ step runs on: a profiler failure never stops serving.
 
 **After.** A background thread writes the trace atomically (disk guard and retention count),
 runs :func:`~perfsdk.profiling.analyze.analyze_trace`, writes ``<trace>.diagnosis.json``, logs
-the verdict and sets ``perfsdk_profile_gpu_busy_fraction``.
+the verdict and sets ``perfsdk_profile_gpu_busy_fraction`` and ``perfsdk_profile_communication_fraction``.
 """
 
 from __future__ import annotations
@@ -240,7 +248,7 @@ class ProfilerWindow:
         self._profiler_options = {"record_shapes": record_shapes, "with_stack": with_stack,
                                   "profile_memory": profile_memory}
 
-        self._mon = mon
+        self._errors, self._set_profile, self._rank = mon.window_deps()
         self._clock: Callable[[], float] = clock or time.monotonic
         # hot is the one attribute the serving thread reads per step; written under _lock only
         self.hot = False
@@ -290,8 +298,16 @@ class ProfilerWindow:
         """``idle``, ``armed`` (waiting for the gate), ``ready``, ``running`` or ``writing``."""
         return self._state
 
-    def trigger(self, steps: int | None = None, mode: str | None = None, reason: str = "api") -> CaptureHandle:
-        """Ask for one capture; refused (``accepted=False`` and a reason) while another is under way."""
+    def trigger(self, steps: int | None = None, mode: str | None = None, reason: str = "api", *,
+                steady: bool = True) -> CaptureHandle:
+        """Ask for one capture; refused (``accepted=False`` and a reason) while another is under way.
+
+        *steady*: wait for the steady-state gate (default); ``False`` makes the window ready at once, so
+        that the next step entered starts the capture (the same step on every rank when every rank calls
+        this at the same step). The result's ``steady`` then says what the gate read at the trigger.
+        """
+        if not isinstance(steady, bool):
+            raise ConfigError(f"steady: expected True or False, got {steady!r}")
         mode = self.mode if mode is None else self._check_mode(mode)
         steps = self.steps if steps is None else self._check_steps(steps)
         refusal = self._precheck(mode)
@@ -311,8 +327,16 @@ class ProfilerWindow:
             self._state = ARMED
             self._armed_at = self._clock()
             self._abort_reason = None
-        log.info("perfsdk profile: capture %d armed (%s, %s, %d steps); waiting for steady decode steps",
-                 handle.id, reason, mode, steps)
+            if not steady:  # no gate: ready now, so the serving thread's next step starts the profiler
+                self._steady = self._gate.steady
+                self._step_cv = self._gate.cv()
+                self._batch = self._gate.batch
+                self._state = READY
+                handle.state = READY
+                self.hot = True
+        log.info("perfsdk profile: capture %d %s (%s, %s, %d steps)", handle.id,
+                 "armed; waiting for steady decode steps" if steady else "ready; starts at the next step",
+                 reason, mode, steps)
         return handle
 
     def _precheck(self, mode: str) -> str | None:
@@ -340,7 +364,7 @@ class ProfilerWindow:
         try:
             self.trigger(reason="signal")
         except Exception as e:
-            self._mon._errors.record(e, "profiler window SIGUSR2")
+            self._errors.record(e, "profiler window SIGUSR2")
 
     def cancel(self, reason: str = "cancelled") -> bool:
         """Drop an armed capture now; a running one is stopped at its next step. False if none."""
@@ -486,7 +510,7 @@ class ProfilerWindow:
     def _fail(self, exc: BaseException, where: str) -> None:
         """A profiler error on the serving thread: count it, drop the capture, let the step run on."""
         try:
-            self._mon._errors.record(exc, where)
+            self._errors.record(exc, where)
             self.failures += 1
             self._abort(f"failed: {type(exc).__name__}: {exc}")
         except Exception:
@@ -520,7 +544,7 @@ class ProfilerWindow:
                 if free < self.min_free_mb:
                     raise OSError(f"disk: only {free:.0f} MiB free under {self.directory} (min_free_mb="
                                   f"{self.min_free_mb:g}); trace not written")
-                rank = (getattr(self._mon, "_extra_label_values", ()) or ("0",))[0]
+                rank = self._rank
                 trace = write_trace(session, self.directory, trace_name(rank))
                 prune(self.directory, self.keep)
                 capture_meta = {"id": handle.id, "trigger": handle.trigger, "mode": handle.mode,
@@ -532,7 +556,7 @@ class ProfilerWindow:
                         f"(capture {handle.id}, {'steady' if steady else 'not steady'})")
                 log.info("%s", line)
         except Exception as e:
-            self._mon._errors.record(e, "profiler window write/diagnose")
+            self._errors.record(e, "profiler window write/diagnose")
             self.failures += 1
             error = f"{type(e).__name__}: {e}"
         result = CaptureResult(id=handle.id, mode=handle.mode, trigger=handle.trigger, steady=steady,
@@ -559,10 +583,8 @@ class ProfilerWindow:
         write_json_atomic(dpath, d)
         line = verdict(d, trace, steady)
         log.info("%s", line)
-        busy = diagnosis.gpu_busy_fraction
-        prom = self._mon._prom
-        if busy is not None and prom is not None:
-            prom.profile_busy.set(busy)
+        if self._set_profile is not None:
+            self._set_profile(diagnosis.gpu_busy_fraction, diagnosis.communication_share)
         return d, dpath, line
 
     # ---- lifecycle ------------------------------------------------------------------------------

@@ -1,50 +1,80 @@
-"""OpenTelemetry spans, built on the collector thread from recorded timestamps.
+"""OpenTelemetry spans, built on a thread of their own from recorded timestamps.
 
-One span per request, named ``{operation} {model}`` (GenAI semantic
-conventions), with child spans ``queue``, ``prefill`` (scheduled → first
-token) and ``decode`` (first token → finish); opt-in sampled spans per step.
-Every span gets explicit start and end times, so building them off the hot
-path changes nothing about what they say.
+One span per request, named ``{operation} {model}`` (GenAI semantic conventions), with child spans
+``queue``, ``prefill`` (scheduled → first token) and ``decode`` (first token → finish); opt-in sampled
+spans per step (``step_span_rate``). Every span gets explicit start and end times, so building them off
+the hot path changes nothing about what they say.
 
-perfsdk uses the global tracer provider unless one is passed. With no SDK
-configured the global provider is a proxy that hands out no-op tracers; the
-sink notices and builds nothing at all.
+Spans are built on the sink's own thread (``perfsdk-spans``) from a bounded queue: a span processor
+that exports synchronously and slowly (a ``SimpleSpanProcessor`` in front of a slow backend) holds
+back only spans, never metrics; when the queue is full new spans are dropped and counted
+(``stats()["dropped_spans"]``). :meth:`OtelSink.flush` and :meth:`OtelSink.close` honour their timeout.
+
+perfsdk uses the global tracer provider unless one is passed. With no SDK configured the global
+provider is a proxy that hands out no-op tracers; the sink notices and builds nothing at all (no
+thread either).
 """
 
 from __future__ import annotations
 
-import random
-from typing import Any
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from perfsdk.records import PHASES
+from perfsdk.stepcore import StepSample
+
+if TYPE_CHECKING:
+    from perfsdk.sinks import RequestResult
+    from perfsdk.stepcore import StepTotals
 
 __all__ = ["OtelSink", "make_otel_sink"]
 
+log = logging.getLogger("perfsdk")
 
-def make_otel_sink(tracer_provider: Any = None, step_span_rate: float = 0.0) -> OtelSink | None:
+QUEUE = 8192  # spans waiting to be built, at most
+
+
+def make_otel_sink(tracer_provider: Any = None, model: str = "unknown", epoch_offset_ns: int = 0,
+                   queue_size: int = QUEUE) -> OtelSink | None:
     """An :class:`OtelSink`, or ``None`` when the OpenTelemetry API is not installed."""
     try:
         from opentelemetry import trace
     except ImportError:
         return None
-    return OtelSink(trace, tracer_provider, step_span_rate)
+    return OtelSink(trace, tracer_provider, model, epoch_offset_ns, queue_size)
 
 
 class OtelSink:
-    def __init__(self, trace_api: Any, tracer_provider: Any, step_span_rate: float) -> None:
+    """The :class:`~perfsdk.sinks.Sink` for OpenTelemetry (see the module docstring)."""
+
+    def __init__(self, trace_api: Any, tracer_provider: Any, model: str, epoch_offset_ns: int = 0,
+                 queue_size: int = QUEUE) -> None:
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
         from perfsdk._version import __version__
 
         self._trace = trace_api
         self._provider = tracer_provider
         self._version = __version__
         self._tracer: Any = None
-        self._step_rate = step_span_rate
-        self._rng = random.Random()
-        from opentelemetry.trace import SpanKind, Status, StatusCode
-
+        self._model = model
+        self._offset = epoch_offset_ns
         self._server_kind = SpanKind.SERVER
         self._internal_kind = SpanKind.INTERNAL
-        self._error_status = Status(StatusCode.ERROR)
         self._status_cls = Status
         self._error_code = StatusCode.ERROR
+        self._jobs: deque[Any] = deque()
+        self._capacity = queue_size
+        self._cond = threading.Condition()
+        self._busy = 0  # jobs taken off the queue and not yet built
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.dropped = 0
+        self.errors = 0
 
     def tracer(self) -> Any:
         """The tracer, or ``None`` while no real provider is configured (costs nothing then)."""
@@ -64,81 +94,135 @@ class OtelSink:
 
         return context.get_current()
 
-    def request(
-        self,
-        *,
-        operation: str,
-        model: str,
-        parent: Any,
-        start_ns: int,
-        scheduled_ns: int | None,
-        first_token_ns: int | None,
-        end_ns: int,
-        input_tokens: int,
-        output_tokens: int,
-        finish_reason: str,
-        error: str | None,
-        ttft_s: float | None,
-        queue_s: float | None,
-        request_id: str | None,
-    ) -> None:
+    # ---- the Sink interface (collector thread) ------------------------------------------------------
+    def steps(self, totals: StepTotals) -> None:
+        if totals.samples and self.tracer() is not None:
+            for s in totals.samples:
+                self._enqueue(s)
+
+    def latencies(self, ttft_s: Sequence[float], itl_s: Sequence[float]) -> None:
+        return None
+
+    def request(self, result: RequestResult) -> None:
+        if self.tracer() is not None:
+            self._enqueue(result)
+
+    def health(self, dropped: int, errors: int) -> None:
+        return None
+
+    def flush(self, timeout: float | None) -> bool:
+        """Wait until every span handed over is built (False on timeout)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._jobs or self._busy:
+                if self._thread is None or not self._thread.is_alive():
+                    return False
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float | None) -> None:
+        """Build what is queued (within *timeout*), then stop the thread; what is left is dropped."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        t = self._thread
+        if t is not None:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    # ---- the span thread ----------------------------------------------------------------------------
+    def _enqueue(self, job: Any) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            if len(self._jobs) >= self._capacity:
+                self.dropped += 1
+                if self.dropped == 1:
+                    log.warning("perfsdk: spans are built slower than they arrive (a slow span exporter?); "
+                                "dropping spans beyond %d queued (metrics are not affected)", self._capacity)
+                return
+            self._jobs.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="perfsdk-spans", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._closed:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+                self._busy += 1
+            try:
+                if isinstance(job, StepSample):
+                    self._step_span(job)
+                else:
+                    self._request_span(job)
+            except Exception as e:
+                self.errors += 1
+                if self.errors == 1:
+                    log.error("perfsdk: building a span failed (counted; logged once): %s", e, exc_info=e)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+    def _request_span(self, r: RequestResult) -> None:
         tracer = self.tracer()
-        if tracer is None:
-            return
         trace = self._trace
         attrs: dict[str, Any] = {
-            "gen_ai.operation.name": operation,
-            "gen_ai.request.model": model,
-            "gen_ai.usage.input_tokens": input_tokens,
-            "gen_ai.usage.output_tokens": output_tokens,
-            "gen_ai.response.finish_reasons": [finish_reason],
+            "gen_ai.operation.name": r.operation,
+            "gen_ai.request.model": r.model,
+            "gen_ai.usage.input_tokens": r.input_tokens,
+            "gen_ai.usage.output_tokens": r.output_tokens,
+            "gen_ai.response.finish_reasons": [r.finish_reason],
         }
-        if ttft_s is not None:
-            attrs["gen_ai.server.time_to_first_token"] = ttft_s
-        if queue_s is not None:
-            attrs["perfsdk.queue_seconds"] = queue_s
-        if request_id is not None:
-            attrs["gen_ai.response.id"] = request_id
-        if error is not None:
-            attrs["error.type"] = error
-        span = tracer.start_span(
-            f"{operation} {model}", context=parent, kind=self._server_kind, attributes=attrs, start_time=start_ns
-        )
-        if error is not None:
-            span.set_status(self._status_cls(self._error_code, error))
+        if r.ttft_s is not None:
+            attrs["gen_ai.server.time_to_first_token"] = r.ttft_s
+        if r.queue_s is not None:
+            attrs["perfsdk.queue_seconds"] = r.queue_s
+        if r.request_id is not None:
+            attrs["gen_ai.response.id"] = r.request_id
+        if r.error is not None:
+            attrs["error.type"] = r.error
+        span = tracer.start_span(f"{r.operation} {r.model}", context=r.parent, kind=self._server_kind,
+                                 attributes=attrs, start_time=r.start_ns)
+        if r.error is not None:
+            span.set_status(self._status_cls(self._error_code, r.error))
         ctx = trace.set_span_in_context(span)
         children = []
-        if scheduled_ns is not None:
-            children.append(("queue", start_ns, scheduled_ns))
-        prefill_start = scheduled_ns if scheduled_ns is not None else start_ns
-        if first_token_ns is not None:
-            children.append(("prefill", prefill_start, first_token_ns))
-            children.append(("decode", first_token_ns, end_ns))
+        if r.scheduled_ns is not None:
+            children.append(("queue", r.start_ns, r.scheduled_ns))
+        prefill_start = r.scheduled_ns if r.scheduled_ns is not None else r.start_ns
+        if r.first_token_ns is not None:
+            children.append(("prefill", prefill_start, r.first_token_ns))
+            children.append(("decode", r.first_token_ns, r.end_ns))
         for name, t0, t1 in children:
             child = tracer.start_span(name, context=ctx, kind=self._internal_kind, start_time=t0,
-                                      attributes={"gen_ai.request.model": model})
+                                      attributes={"gen_ai.request.model": r.model})
             child.end(end_time=max(t1, t0))
-        span.end(end_time=end_ns)
+        span.end(end_time=r.end_ns)
 
-    def step(
-        self,
-        *,
-        phase: str,
-        model: str,
-        start_ns: int,
-        end_ns: int,
-        attributes: dict[str, Any],
-        error: str | None,
-    ) -> None:
-        if self._step_rate <= 0 or self._rng.random() >= self._step_rate:
-            return
+    def _step_span(self, s: StepSample) -> None:
         tracer = self.tracer()
-        if tracer is None:
-            return
-        span = tracer.start_span(
-            f"{phase} step", kind=self._internal_kind, start_time=start_ns,
-            attributes={"gen_ai.request.model": model, **attributes},
-        )
-        if error is not None:
-            span.set_status(self._status_cls(self._error_code, error))
-        span.end(end_time=end_ns)
+        attrs: dict[str, Any] = {"gen_ai.request.model": self._model, "perfsdk.batch": s.batch}
+        if s.error is None:
+            attrs["perfsdk.tokens"] = s.tokens
+            if s.seconds is not None:
+                attrs["perfsdk.device_seconds"] = s.seconds
+            if s.mbu is not None:
+                attrs["perfsdk.mbu"] = s.mbu
+            if s.mfu is not None:
+                attrs["perfsdk.mfu"] = s.mfu
+        span = tracer.start_span(f"{PHASES[s.phase]} step", kind=self._internal_kind,
+                                 start_time=s.t0 + self._offset, attributes=attrs)
+        if s.error is not None:
+            span.set_status(self._status_cls(self._error_code, s.error))
+        span.end(end_time=s.t1 + self._offset)

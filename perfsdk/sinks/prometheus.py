@@ -8,53 +8,53 @@ those engines unregister at start-up.
 
 Creating metrics is idempotent per registry: two Monitors on one registry share
 one set of collectors (a second ``Histogram(...)`` with the same name would
-raise "Duplicated timeseries"). Label children are bound when a sink is built,
-so an observation on the collector thread is one ``observe`` on a child.
+raise "Duplicated timeseries"). Label children are bound when a sink is built.
+
+Step metrics arrive as totals (:class:`~perfsdk.stepcore.StepTotals`): the step
+core has already counted each step into the same buckets off the GIL, and the
+sink adds the counts to each histogram child's per-bucket values and sum — what
+``observe`` would have added one step at a time, in one call per bucket. That
+uses prometheus_client's histogram internals (``_upper_bounds``, ``_buckets``,
+``_sum``), checked when the sink is built; they work the same with the
+multi-process value files.
 
 With ``PROMETHEUS_MULTIPROC_DIR`` set, prometheus_client writes values to
 per-process files; every gauge here declares ``mostrecent`` (the hardware peaks and
-the last capture's busy fraction are facts, not sums), and :func:`multiprocess_registry`
+the last capture's busy and communication fractions are facts, not sums), and :func:`multiprocess_registry`
 reads all processes back for ``/metrics``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from perfsdk.buckets import BUCKETS, DURATION, ITL, QUEUE, STEP, TPOT, TTFT, UTIL
+from perfsdk.errors import ConfigError
+from perfsdk.records import PHASES
+
+if TYPE_CHECKING:
+    from perfsdk.sinks import RequestResult
+    from perfsdk.stepcore import StepTotals
+
 __all__ = [
     "BUCKETS",
+    "PHASES",
     "MetricSet",
     "PrometheusSink",
     "metric_set",
     "multiprocess_registry",
 ]
 
-# OpenTelemetry GenAI semantic conventions, explicit bucket boundaries (seconds).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
-# perfsdk's own: a CUDA-graph decode step on an H200 is ~1.5 ms, under the semconv TPOT's first
-# bucket, so inter-token gaps and step times get finer boundaries down to 0.5 ms.
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
-               0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-STEP_BUCKETS = (0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03,
-                0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
-QUEUE_BUCKETS = (0.0005, *TTFT_BUCKETS, 30.0, 60.0)
-# utilisation 0–1 in steps of 0.05; a value above 1 means the peak is wrong and lands in +Inf
-UTIL_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
-
-BUCKETS: dict[str, tuple[float, ...]] = {
-    "ttft": TTFT_BUCKETS, "tpot": TPOT_BUCKETS, "duration": DURATION_BUCKETS, "itl": ITL_BUCKETS,
-    "step": STEP_BUCKETS, "queue": QUEUE_BUCKETS, "util": UTIL_BUCKETS,
-}
-
-PHASES = ("prefill", "decode", "mixed")
+TTFT_BUCKETS, TPOT_BUCKETS, DURATION_BUCKETS, ITL_BUCKETS = TTFT, TPOT, DURATION, ITL
+STEP_BUCKETS, QUEUE_BUCKETS, UTIL_BUCKETS = STEP, QUEUE, UTIL
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class MetricSet:
     dropped: Counter
     internal_errors: Counter
     profile_busy: Gauge
+    profile_comm: Gauge
     extra_labels: tuple[str, ...]
 
 
@@ -141,12 +142,15 @@ def _create(reg: CollectorRegistry, extra: tuple[str, ...]) -> MetricSet:
                                 "(they never reach the server).", extra, registry=reg),
         profile_busy=Gauge("perfsdk_profile_gpu_busy_fraction", "GPU busy fraction of the last profiler "
                            "window's trace.", m, registry=reg, multiprocess_mode="mostrecent"),
+        profile_comm=Gauge("perfsdk_profile_communication_fraction", "Share of step time in collectives not "
+                           "overlapped by compute in the last profiler window's trace (waits for other ranks "
+                           "included).", m, registry=reg, multiprocess_mode="mostrecent"),
         extra_labels=extra,
     )
 
 
 class PrometheusSink:
-    """Label children of one (model, extra labels) bound once; observed on the collector thread."""
+    """The :class:`~perfsdk.sinks.Sink` for Prometheus: label children of one (model, extra labels), bound once."""
 
     def __init__(self, metrics: MetricSet, model: str, extra_values: tuple[str, ...] = ()) -> None:
         self.metrics = metrics
@@ -156,31 +160,111 @@ class PrometheusSink:
         self.duration = metrics.duration.labels(*mv)
         self.itl = metrics.itl.labels(*mv)
         self.queue = metrics.queue.labels(*mv)
-        self.profile_busy = metrics.profile_busy.labels(*mv)
-        self.step: dict[str, Any] = {}
-        self.mbu: dict[str, Any] = {}
-        self.mfu: dict[str, Any] = {}
-        self.step_bytes: dict[str, Any] = {}
-        self.step_flops: dict[str, Any] = {}
-        self.step_tokens: dict[str, Any] = {}
-        for phase in PHASES:
+        self._mv = mv  # the profile gauges' children are bound at the first capture (set_profile)
+        self.step: list[Any] = []
+        self.mbu: list[Any] = []
+        self.mfu: list[Any] = []
+        self.step_bytes: list[Any] = []
+        self.step_flops: list[Any] = []
+        self.step_tokens: list[Any] = []
+        for phase in PHASES:  # indexed by perfsdk.records' phase codes
             pv = (model, phase, *extra_values)
-            self.step[phase] = metrics.step.labels(*pv)
-            self.mbu[phase] = metrics.mbu.labels(*pv)
-            self.mfu[phase] = metrics.mfu.labels(*pv)
-            self.step_bytes[phase] = metrics.step_bytes.labels(*pv)
-            self.step_flops[phase] = metrics.step_flops.labels(*pv)
-            self.step_tokens[phase] = metrics.step_tokens.labels(*pv)
+            self.step.append(_checked(metrics.step.labels(*pv), STEP))
+            self.mbu.append(_checked(metrics.mbu.labels(*pv), UTIL))
+            self.mfu.append(_checked(metrics.mfu.labels(*pv), UTIL))
+            self.step_bytes.append(metrics.step_bytes.labels(*pv))
+            self.step_flops.append(metrics.step_flops.labels(*pv))
+            self.step_tokens.append(metrics.step_tokens.labels(*pv))
         self.dropped = metrics.dropped.labels(*extra_values) if extra_values else metrics.dropped
         self.internal_errors = (
             metrics.internal_errors.labels(*extra_values) if extra_values else metrics.internal_errors
         )
         self._extra_values = extra_values
 
+    def set_profile(self, busy: float | None, comm: float | None) -> None:
+        """Export the last profiler capture's GPU busy and communication fractions.
+
+        Their series appear at the first capture, not before: a 0 exported before any capture would read
+        as an idle GPU, or as the one rank of a group that waits for nobody (the straggler alert's test).
+        """
+        if busy is not None:
+            self.metrics.profile_busy.labels(*self._mv).set(busy)
+        if comm is not None:
+            self.metrics.profile_comm.labels(*self._mv).set(comm)
+
     def set_hardware(self, device: str, bandwidth: float, flops: dict[str, float]) -> None:
         self.metrics.peak_bandwidth.labels(device, *self._extra_values).set(bandwidth)
         for dtype, value in flops.items():
             self.metrics.peak_flops.labels(device, dtype, *self._extra_values).set(value)
+
+    # ---- the Sink interface ------------------------------------------------------------------------
+    def steps(self, totals: StepTotals) -> None:
+        for code, t in enumerate(totals.phases):
+            if not t.steps:
+                continue
+            _add(self.step[code], t.step_counts, t.step_sum)
+            _add(self.mbu[code], t.mbu_counts, t.mbu_sum)
+            _add(self.mfu[code], t.mfu_counts, t.mfu_sum)
+            if t.bytes:
+                self.step_bytes[code].inc(t.bytes)
+            if t.flops:
+                self.step_flops[code].inc(t.flops)
+            if t.tokens:
+                self.step_tokens[code].inc(t.tokens)
+
+    def latencies(self, ttft_s: Sequence[float], itl_s: Sequence[float]) -> None:
+        for v in ttft_s:
+            self.ttft.observe(v)
+        for v in itl_s:
+            self.itl.observe(v)
+
+    def request(self, result: RequestResult) -> None:
+        if result.queue_s is not None:
+            self.queue.observe(result.queue_s)
+        itl = self.itl
+        for v in result.itl_s:
+            itl.observe(v)
+        if result.tpot_s is not None:
+            self.tpot.observe(result.tpot_s)
+        self.duration.observe(result.e2e_s)
+
+    def health(self, dropped: int, errors: int) -> None:
+        if dropped > 0:
+            self.dropped.inc(dropped)
+        if errors > 0:
+            self.internal_errors.inc(errors)
+
+    def flush(self, timeout: float | None) -> bool:
+        return True
+
+    def close(self, timeout: float | None) -> None:
+        return None
+
+
+def _checked(child: Any, bounds: tuple[float, ...]) -> Any:
+    """*child*, after checking it exposes the per-bucket values the sink adds totals to."""
+    upper = getattr(child, "_upper_bounds", None)
+    if upper is None or not hasattr(child, "_buckets") or not hasattr(child, "_sum"):
+        import prometheus_client
+
+        raise ConfigError(f"prometheus_client {getattr(prometheus_client, '__version__', '?')}: its Histogram "
+                          "has no _upper_bounds/_buckets/_sum, which perfsdk adds step totals to; "
+                          "use prometheus-client >= 0.17")
+    if list(upper) != [*bounds, math.inf]:
+        raise ConfigError(f"histogram {child!r} has buckets {upper}, expected {[*bounds, math.inf]}")
+    return child
+
+
+def _add(child: Any, counts: Sequence[int], total: float) -> None:
+    """Add per-bucket *counts* and their sum to a histogram child (what that many observe() calls add)."""
+    n = 0
+    buckets = child._buckets
+    for i, c in enumerate(counts):
+        if c:
+            buckets[i].inc(c)
+            n += c
+    if n:
+        child._sum.inc(total)
 
 
 def multiprocess_registry() -> CollectorRegistry | None:

@@ -1,10 +1,10 @@
-"""The C step wrappers (``perfsdk._hotpath``): built where they should be, chosen as asked, and exact with
-references and exceptions.
+"""The C extension (``perfsdk._native``: hot path and step core): built where it should be, chosen as asked,
+and exact with references and exceptions.
 
-Their behaviour is tested where the Python reference's is: ``tests/test_monitor.py`` and
-``tests/test_cuda_steps.py`` run every test against both implementations. What is here is what only an
-extension can get wrong: a missing build, reference counts, and exceptions raised inside perfsdk's own
-callbacks.
+Its behaviour is tested where the Python reference's is: ``tests/test_monitor.py``,
+``tests/test_cuda_steps.py`` and ``tests/test_stepcore.py`` run every test against both implementations.
+What is here is what only an extension can get wrong: a missing build, reference counts, and exceptions
+raised inside perfsdk's own callbacks.
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ import threading
 from typing import Any
 
 import pytest
-from test_cuda_steps import FakeGpu, wait_until, wire
+from fake_gpu import FakeGpu
+from test_cuda_steps import wait_until, wire
 
 import perfsdk
 from perfsdk.errors import ConfigError
-from perfsdk.monitor import Phase, _load_hotpath
+from perfsdk.hotpath import Step
+from perfsdk.monitor import load_native
 from perfsdk.testing import FakeClock, monitor_harness
 
-hotpath = _load_hotpath()
-needs_c = pytest.mark.skipif(hotpath is None, reason="perfsdk._hotpath is not built here")
+native = load_native()
+needs_c = pytest.mark.skipif(native is None, reason="perfsdk._native is not built here")
 STEP = "perfsdk_step_seconds"
 
 
@@ -32,7 +34,7 @@ def test_the_extension_is_built_in_ci() -> None:
     """CI installs perfsdk with a compiler: there, a missing extension is a build failure, not a skip."""
     if os.environ.get("CI") != "true":
         pytest.skip("only CI insists (a contributor's box may lack a compiler)")
-    assert hotpath is not None, "perfsdk._hotpath did not build: see the pip install output"
+    assert native is not None, "perfsdk._native did not build: see the pip install output"
 
 
 @needs_c
@@ -48,14 +50,15 @@ def test_hot_path_is_chosen_as_asked(asked: str | None, env: str | None, got: st
     with monitor_harness(hot_path=asked) as h:
         assert h.monitor.hot_path == got
         step = h.monitor.decode(batch=1)
-        assert isinstance(step, Phase)  # the C Step is registered as a Phase
-        assert (type(step) is Phase) == (got == "python")
+        assert isinstance(step, perfsdk.Step) and isinstance(step, perfsdk.Phase)  # the C Step is registered
+        assert (type(step) is Step) == (got == "python")
+        assert h.monitor._core.implementation == got
 
 
 def test_bad_hot_path_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="hot_path"):
         perfsdk.Monitor(hot_path="rust", prometheus=False, otel=False)
-    if hotpath is None:
+    if native is None:
         with pytest.raises(ConfigError, match="not built"):
             perfsdk.Monitor(hot_path="c", prometheus=False, otel=False)
 
@@ -75,19 +78,17 @@ def test_odd_sizes_are_validated_like_the_python_path() -> None:
             def __index__(self) -> int:
                 return 6
 
-        odd = mon.decode(batch=Index(), context_tokens=2**70)  # validated in Python, still a C step
-        assert type(odd) is hotpath.Step and odd.sizes[0] == 6 and odd.sizes[2] == 2**70
-        assert type(mon.decode(batch=lambda: 3)) is Phase  # a callable: decorator only, the Python object
+        with pytest.raises(ConfigError, match="context_tokens"):
+            mon.decode(batch=1, context_tokens=2**70)  # beyond any real step
+        odd = mon.decode(batch=Index(), context_tokens=2**35)  # validated in Python, still a C step
+        assert type(odd) is native.Step and odd.sizes[0] == 6 and odd.sizes[2] == 2**35
+        assert type(mon.decode(batch=lambda: 3)) is Step  # a callable: decorator only, the Python object
         with mon.mixed(prefill_seq_lens=(4, 5), decode_batch=2, context_tokens=100):
             pass
         with mon.prefill(seq_lens=range(1, 4)):  # any sequence
             pass
         assert mon.flush(5)
         assert h.count(STEP, phase="mixed") == 1 and h.count(STEP, phase="prefill") == 1
-
-
-class _Stream:
-    """A stream handle whose references can be counted."""
 
 
 @needs_c
@@ -97,11 +98,12 @@ def test_no_reference_is_leaked_or_lost() -> None:
     clock = FakeClock()
     with monitor_harness(hot_path="c", clock=clock) as h:
         gpu = FakeGpu()
-        stream = _Stream()
+        stream = 10**6 + 7  # an int object of its own (a stream handle), whose references can be counted
         gpu.make_stream = lambda: (lambda: stream)  # type: ignore[method-assign]
         pool = wire(h, gpu, capacity=64)
         mon = h.monitor
         seq_lens = [3, 4]
+        parts = (mon._core, mon._hot, mon._hot_state, gpu)
 
         def run(n: int) -> None:
             for i in range(n):
@@ -124,18 +126,18 @@ def test_no_reference_is_leaked_or_lost() -> None:
         assert mon.flush(5)
         gc.collect()
         before = (sys.getrefcount(stream), sys.getrefcount(seq_lens), sys.getrefcount(mon),
-                  [sys.getrefcount(e) for e in pool._all])
+                  [sys.getrefcount(p) for p in parts], pool.in_use)
         run(3000)
         assert mon.flush(5)
         gc.collect()
         after = (sys.getrefcount(stream), sys.getrefcount(seq_lens), sys.getrefcount(mon),
-                 [sys.getrefcount(e) for e in pool._all])
+                 [sys.getrefcount(p) for p in parts], pool.in_use)
         assert after == before
         assert mon.stats()["internal_errors"] == 0
 
 
 @needs_c
-@pytest.mark.parametrize("where", ["nvtx_push", "nvtx_pop", "stream", "record"])
+@pytest.mark.parametrize("where", ["nvtx_push", "nvtx_pop", "stream", "clock"])
 def test_only_exceptions_are_swallowed_not_interrupts(where: str) -> None:
     """perfsdk's own failures are counted, never raised; KeyboardInterrupt still reaches the server, as
     ``except Exception`` lets it through in the Python path."""
@@ -151,24 +153,23 @@ def test_only_exceptions_are_swallowed_not_interrupts(where: str) -> None:
                 raise raise_now[0]
             return 7
 
+        st = mon._hot_state
         if where.startswith("nvtx"):
-            mon._nvtx_on = True
-            setattr(mon, "_" + where, maybe_raise)
+            st.nvtx_on = True
+            setattr(st, where, maybe_raise)
         elif where == "stream":
-            mon._stream = maybe_raise
+            st.stream = maybe_raise
         else:
-            real = mon._record_on
-
-            def record_on(ev: Any, s: Any) -> Any:
+            def failing_clock() -> int:
                 maybe_raise()
-                return real(ev, s)
+                return clock()
 
-            mon._record_on = record_on
+            st.clock = failing_clock
         mon._bind_hot()
         raise_now.append(RuntimeError("perfsdk's own failure"))
         with mon.decode(batch=1):
             pass
-        assert mon._errors.count == 1
+        assert mon.stats()["internal_errors"] == 1
         raise_now[0] = KeyboardInterrupt()
         with pytest.raises(KeyboardInterrupt), mon.decode(batch=1):
             pass
@@ -191,13 +192,14 @@ def test_a_thread_state_is_a_c_last_end_that_gives_its_event_back() -> None:
         def serve() -> None:
             with mon.decode(batch=1):
                 gpu.now_ms += 1.0
-            assert type(mon._local.h) is hotpath.LastEnd and mon._local.h.ev is not None
+            local = mon._hot_state.local
+            assert type(local.h) is native.LastEnd and local.h.ev is not None
 
         t = threading.Thread(target=serve)
         t.start()
         t.join()
         assert mon.flush(5)
-        with mon.decode(batch=1):  # the collector gives orphans back as it reads on
+        with mon.decode(batch=1):  # the thread's end went back when the thread ended
             pass
         assert mon.flush(5)
         assert wait_until(lambda: pool.in_use == 1)  # only this thread's last end
@@ -217,10 +219,10 @@ def test_odd_writes_to_the_c_state_do_not_crash() -> None:
         mon._hot.window = None
         with mon.decode(batch=1):
             pass
-        mon._local.h.ev = None  # "none held", written from Python
+        mon._hot_state.local.h.ev = None  # "none held", written from Python
         with mon.decode(batch=1):
             pass
-        with pytest.raises(TypeError, match="str"):  # not a str: refused by the validating path
+        with pytest.raises(KeyError):  # not a phase name: refused by the validating path
             mon._hot.step(b"decode", 1, None, 0, None)
         assert mon.flush(5)
         assert h.count(STEP, phase="decode") == 3

@@ -1,0 +1,377 @@
+"""The hand-off: what the serving thread records and the collector reads, as named types.
+
+The serving thread and the collector meet here and nowhere else. Two kinds of record cross:
+
+* **steps** (:class:`StepRecord`): one per ``with mon.decode(...)``/``prefill``/``mixed`` or
+  :meth:`~perfsdk.Monitor.record_step`. The C hot path writes the same fields into a C struct of the
+  same name in ``perfsdk/_native/native.h`` and hands it to the C step core through a lock-free ring; the
+  Python hot path (the reference) builds this ``NamedTuple`` and hands it to the Python step core. Sizes
+  travel already reduced to what the costs need (``lens_sum``, ``lens_sq``, ``lens_count`` of the prefill
+  sequence lengths), so the core never reads a Python object;
+* **request events** (:class:`FirstToken`, :class:`Finished`, :class:`MeasuredLatencies`,
+  :class:`MeasuredRequest`, :class:`Flush`): Python objects on a bounded :class:`RequestQueue`, read by
+  the collector in batches.
+
+:class:`Request` — one request's life, arrival to finish, on the host clock — lives here too: it is what
+the serving code holds, and all it does is record.
+
+Values the serving code passes are checked here (:func:`count_or_none`): a bad one never raises into the
+server; the record is dropped, counted in ``perfsdk_internal_errors_total`` with the site, and logged
+once with the value — unless the Monitor is *strict* (``Monitor(strict=True)``, on in
+:mod:`perfsdk.testing`), where it raises :class:`~perfsdk.errors.ConfigError` so tests catch caller bugs.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from perfsdk._guard import ErrorGuard
+from perfsdk.errors import ConfigError
+
+__all__ = [
+    "DECODE",
+    "HOST",
+    "MAX_COUNT",
+    "MIXED",
+    "PHASES",
+    "PREFILL",
+    "TIMED",
+    "UNTIMED",
+    "Finished",
+    "FirstToken",
+    "Flush",
+    "MeasuredLatencies",
+    "MeasuredRequest",
+    "NullRequest",
+    "Request",
+    "RequestQueue",
+    "StepRecord",
+    "check_count",
+    "lens_summary",
+]
+
+# ---- steps -------------------------------------------------------------------------------------
+PREFILL, DECODE, MIXED = 0, 1, 2
+PHASES = ("prefill", "decode", "mixed")  # indexed by the codes above
+PHASE_CODES = {name: code for code, name in enumerate(PHASES)}
+
+# how a step was timed
+TIMED = 0    # CUDA events: device time from `start` to `end`
+HOST = 1     # the host clock, t1 - t0 (no GPU, or an engine's own measurement)
+UNTIMED = 2  # counted, not timed: not sampled (timing_every), or every event was in flight
+
+# The largest size a step or a request may report. Counters are floats: an increment of 2**53 or more
+# would make every later +1 vanish ("float absorption"), so anything near that is a caller bug, refused.
+MAX_COUNT = 2**40
+
+NO_TOKENS = -1  # StepRecord.tokens when the caller gave none
+
+
+class StepRecord(NamedTuple):
+    """One step, as the step core reads it (the C struct ``StepRecord`` holds the same fields)."""
+
+    phase: int            # PREFILL, DECODE or MIXED
+    timing: int           # TIMED, HOST or UNTIMED
+    t0: int               # host clock (ns) at entry
+    t1: int               # host clock (ns) at exit
+    start: Any            # TIMED: the start event (possibly the previous step's end); else None
+    end: Any              # TIMED: the end event; else None
+    batch: int            # sequences (decode: decoding sequences; mixed: the decoding part)
+    tokens: int           # prefill tokens given, or NO_TOKENS
+    context_tokens: int   # decode: sum of context lengths; prefill: cached prefix tokens
+    lens_sum: int         # prefill/mixed: sum of the prefill sequence lengths
+    lens_sq: int          # ... sum of their squares (causal attention FLOPs)
+    lens_count: int       # ... how many sequences
+    error: str | None     # the user's exception type, when the step raised
+
+
+def lens_summary(phase: int, batch: int, tokens: int, seq_lens: Sequence[int] | None) -> tuple[int, int, int]:
+    """``(sum, sum of squares, count)`` of a step's prefill sequence lengths.
+
+    *seq_lens* when given; else a prefill's *tokens* spread as evenly as possible over *batch* sequences
+    (servers often report only the total); a decode step has none.
+    """
+    if seq_lens is not None:
+        s = sq = 0
+        for n in seq_lens:
+            s += n
+            sq += n * n
+        return s, sq, len(seq_lens)
+    if phase != PREFILL or tokens < 0:
+        return 0, 0, 0
+    b = max(batch, 1)
+    base, extra = divmod(tokens, b)
+    return tokens, extra * (base + 1) ** 2 + (b - extra) * base * base, b
+
+
+def check_count(field: str, value: Any) -> int:
+    """*value* as a non-negative int no larger than :data:`MAX_COUNT`, else :class:`ConfigError` naming it.
+
+    Accepts ``int`` and integer scalars (numpy's, torch's: anything with ``__index__``); refuses ``bool``,
+    floats (``1.5``, NaN, inf), strings.
+    """
+    if type(value) is int:
+        n = value
+    elif isinstance(value, bool):
+        raise ConfigError(f"{field}: expected a non-negative integer, got {value!r}")
+    else:
+        try:
+            n = operator.index(value)
+        except TypeError:
+            raise ConfigError(f"{field}: expected a non-negative integer, got {value!r}") from None
+    if n < 0:
+        raise ConfigError(f"{field}: must be >= 0, got {value!r}")
+    if n > MAX_COUNT:
+        raise ConfigError(f"{field}: {value!r} is beyond any real step or request (at most 2**40)")
+    return n
+
+
+def check_lens(field: str, value: Any) -> tuple[int, ...]:
+    """A sequence of sequence lengths, each checked like :func:`check_count`."""
+    if isinstance(value, (str, bytes)):
+        raise ConfigError(f"{field}: expected a sequence of integers, got {value!r}")
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise ConfigError(f"{field}: expected a sequence of integers, got {value!r}") from None
+    return tuple(check_count(field, n) for n in items)
+
+
+def finite_seconds(value: Any) -> float | None:
+    """*value* as seconds when it is a finite number in [0, 1e9), else None (an engine's missing or odd value)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return f if 0 <= f < 1e9 else None
+
+
+# ---- request events ----------------------------------------------------------------------------
+class FirstToken(NamedTuple):
+    """A request emitted its first token (TTFT is observed at once)."""
+
+    request: Request
+
+
+class Finished(NamedTuple):
+    """A request finished: queue time, inter-token gaps, TPOT, duration and its span."""
+
+    request: Request
+
+
+class MeasuredLatencies(NamedTuple):
+    """Times to first token and inter-token gaps an engine measured itself (seconds)."""
+
+    ttft_s: tuple[float, ...]
+    itl_s: tuple[float, ...]
+
+
+class MeasuredRequest(NamedTuple):
+    """A finished request an engine timed itself (:meth:`perfsdk.Monitor.record_finished`)."""
+
+    end_ns: int
+    e2e_s: float
+    queue_s: float | None
+    prefill_s: float | None
+    ttft_s: float | None
+    tpot_s: float | None
+    prompt_tokens: int
+    output_tokens: int
+    finish_reason: str
+    error: str | None
+    request_id: str | None
+
+
+class Flush(NamedTuple):
+    """A flush marker: the collector sets *done* once everything recorded before it is exported."""
+
+    done: threading.Event
+    timeout: float | None
+    result: list[bool]  # [True] when everything before the marker was counted and exported in time
+
+
+RequestEvent = FirstToken | Finished | MeasuredLatencies | MeasuredRequest | Flush
+
+
+class RequestQueue:
+    """The bounded queue of request events, and what a :class:`Request` needs to record into it.
+
+    ``push`` never blocks: beyond *capacity* events are dropped and counted (``dropped``). A flush
+    marker is never dropped.
+    """
+
+    __slots__ = ("_events", "capacity", "clock", "dropped", "errors", "strict")
+
+    def __init__(self, capacity: int, clock: Callable[[], int], errors: ErrorGuard, strict: bool) -> None:
+        self._events: deque[RequestEvent] = deque()
+        self.capacity = capacity
+        self.clock = clock
+        self.errors = errors
+        self.strict = strict
+        self.dropped = 0
+
+    def push(self, event: RequestEvent) -> None:
+        if len(self._events) >= self.capacity:
+            self.dropped += 1  # the collector is behind: count it, never wait
+            return
+        self._events.append(event)
+
+    def push_marker(self, event: Flush) -> None:
+        self._events.append(event)
+
+    def pop(self) -> RequestEvent | None:
+        try:
+            return self._events.popleft()
+        except IndexError:
+            return None
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def refuse(self, where: str, problem: str) -> None:
+        """A bad value from the serving code: raise when strict, else count and log once (never raise)."""
+        if self.strict:
+            raise ConfigError(f"{where}: {problem}")
+        self.errors.record(ConfigError(problem), where)
+
+
+_FINISH_LOCK = threading.Lock()  # finish() is once per request; a lock per request would cost more than one
+
+
+def _time_arg(q: RequestQueue, where: str, t_ns: Any) -> int | None:
+    """The clock now, or *t_ns* when it is an int timestamp; None (refused) otherwise."""
+    if t_ns is None:
+        return q.clock()
+    if type(t_ns) is int:
+        return t_ns
+    q.refuse(where, f"t_ns must be an int timestamp in nanoseconds, got {t_ns!r}")
+    return None
+
+
+class Request:
+    """One request's life: arrival → scheduled → tokens → finish. Host clock.
+
+    Created by :meth:`perfsdk.Monitor.request` at arrival. Thread-safe for one writer at a time (arrival on
+    an HTTP thread, tokens on the engine thread is fine); :meth:`finish` may race (one call wins).
+    """
+
+    __slots__ = (
+        "_otel_parent", "_q", "arrival_ns", "error", "finish_ns", "finish_reason", "first_token_ns", "operation",
+        "output_tokens", "prompt_tokens", "request_id", "scheduled_ns", "token_ns",
+    )
+
+    def __init__(self, queue: RequestQueue, prompt_tokens: int, arrival_ns: int, operation: str,
+                 request_id: str | None, otel_parent: Any) -> None:
+        self._q = queue
+        self.prompt_tokens = prompt_tokens
+        self.arrival_ns = arrival_ns
+        self.scheduled_ns: int | None = None
+        self.first_token_ns: int | None = None
+        self.token_ns: list[int] = []
+        self.output_tokens = 0
+        self.finish_ns: int | None = None
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.operation = operation
+        self.request_id = request_id
+        self._otel_parent = otel_parent
+
+    def scheduled(self, t_ns: int | None = None) -> None:
+        """The request left the waiting queue (its queue time ends, prefill may start)."""
+        if self.scheduled_ns is None:
+            t = _time_arg(self._q, "request.scheduled", t_ns)
+            if t is not None:
+                self.scheduled_ns = max(t, self.arrival_ns)
+
+    def tokens(self, n: int = 1, t_ns: int | None = None) -> None:
+        """*n* tokens were emitted now: the first call sets TTFT, each later one is an inter-token gap."""
+        if type(n) is not int or n < 0 or n > MAX_COUNT:
+            try:
+                n = check_count("n", n)
+            except ConfigError as e:
+                self._q.refuse("request.tokens", str(e))
+                return
+        if n == 0 or self.finish_ns is not None:
+            return  # nothing emitted, or a late token after finish(): the request's record is closed
+        q = self._q
+        t = q.clock() if t_ns is None else _time_arg(q, "request.tokens", t_ns)
+        if t is None:
+            return
+        if t < self.arrival_ns or (self.token_ns and t < self.token_ns[-1]):
+            q.refuse("request.tokens", f"t_ns {t} is before the request's arrival or its previous token")
+            return
+        self.output_tokens += n
+        self.token_ns.append(t)
+        if self.first_token_ns is None:
+            self.first_token_ns = t
+            q.push(FirstToken(self))
+
+    def finish(self, reason: str = "stop", error: BaseException | str | None = None,
+               t_ns: int | None = None) -> None:
+        """Record the end (``"stop"``, ``"length"``, ``"abort"``, …, or an error); later calls are ignored.
+
+        A *t_ns* before the request's arrival is refused (counted, the request finishes now instead).
+        """
+        q = self._q
+        t = _time_arg(q, "request.finish", t_ns)
+        if t is None or t < self.arrival_ns:
+            if t is not None:
+                q.refuse("request.finish", f"t_ns {t_ns} is before the request's arrival ({self.arrival_ns})")
+            t = max(q.clock(), self.arrival_ns)
+        with _FINISH_LOCK:
+            if self.finish_ns is not None:
+                return
+            self.finish_ns = t
+        if error is not None:
+            self.error = error if isinstance(error, str) else type(error).__qualname__
+            reason = "error" if reason == "stop" else reason
+        self.finish_reason = reason if isinstance(reason, str) else str(reason)
+        q.push(Finished(self))
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_ns is not None
+
+    def __enter__(self) -> Request:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None:
+            self.finish("error", error=exc)
+        else:
+            self.finish("stop")
+
+
+class NullRequest(Request):
+    """What a disabled Monitor hands out: every method does nothing, every field reads as empty."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = self.output_tokens = self.arrival_ns = 0
+        self.scheduled_ns = self.first_token_ns = self.finish_ns = None
+        self.token_ns = []
+        self.finish_reason = self.error = self.request_id = None
+        self.operation = ""
+        self._otel_parent = None
+
+    def scheduled(self, t_ns: int | None = None) -> None:
+        return None
+
+    def tokens(self, n: int = 1, t_ns: int | None = None) -> None:
+        return None
+
+    def finish(self, reason: str = "stop", error: BaseException | str | None = None,
+               t_ns: int | None = None) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        return None
+
+
+NULL_REQUEST = NullRequest()
+

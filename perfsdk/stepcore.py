@@ -1,0 +1,396 @@
+"""The step core: resolve each step's events, price it, and count it into histograms — off the serving thread.
+
+Two implementations of one algorithm, chosen once per Monitor: ``perfsdk._native.StepCore`` (C, on a
+native thread that never takes the GIL) and :class:`PyStepCore` here (the reference, and the fallback
+where the extension was not built). ``tests/test_stepcore.py`` feeds both the same steps and checks
+every output is identical.
+
+What the core does, per :class:`~perfsdk.records.StepRecord`, in order:
+
+* a TIMED step waits until its end event has completed (it waits for the *newest* pending step, so
+  one wake-up reads every step the host queued before it; the wait sleeps in the driver), reads the
+  device time between its events, and lets go of them (:class:`~perfsdk.timing.EventPool` references:
+  an event goes back to the pool once no step and no thread holds it);
+* prices it (:class:`~perfsdk.stepcost.StepCosts`: bytes, FLOPs, tokens), computes MBU and MFU;
+* adds it to per-phase totals: counts per histogram bucket and sums for step time, MBU and MFU
+  (:mod:`perfsdk.buckets`), bytes, FLOPs and tokens — counters only for timed steps' bytes and FLOPs,
+  so bytes over step seconds stays exact in PromQL;
+* keeps the last :data:`WINDOW` steps per phase for :meth:`perfsdk.Monitor.stats`, a deterministic
+  sample of steps for spans (``step_span_rate``), and, while a profiler window listens, every decode
+  step's time, batch and MBU.
+
+The collector thread calls :meth:`take` every export interval and hands the totals to the sinks;
+:meth:`sync` waits (GIL released) until every step pushed before the call is counted. Nothing here
+raises into the serving thread: :meth:`push` is a bounded append that reports ``False`` when full.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from perfsdk.buckets import STEP, UTIL, bucket_index
+from perfsdk.records import DECODE, HOST, PHASES, PREFILL, TIMED, StepRecord
+from perfsdk.stepcost import StepCosts
+
+__all__ = ["WINDOW", "PhaseTotals", "PyStepCore", "StepSample", "StepTotals", "native_core"]
+
+WINDOW = 4096  # steps kept per phase for stats()
+WINDOW_FEED = 8192  # decode steps kept for a profiler window between two takes
+SAMPLES = 4096  # sampled steps kept between two takes (for spans)
+IDLE_MAX = 0.1  # longest sleep of an idle core (s); poll_interval is the shortest
+
+
+class StepSample(NamedTuple):
+    """One sampled step, for a span: host start/end, device seconds, sizes, utilisation."""
+
+    phase: int
+    t0: int
+    t1: int
+    seconds: float | None
+    batch: int
+    tokens: int
+    mbu: float | None
+    mfu: float | None
+    error: str | None
+
+
+@dataclass
+class PhaseTotals:
+    """What one phase's steps added since the previous take."""
+
+    steps: int = 0
+    errors: int = 0
+    step_counts: list[int] = field(default_factory=lambda: [0] * (len(STEP) + 1))
+    step_sum: float = 0.0
+    mbu_counts: list[int] = field(default_factory=lambda: [0] * (len(UTIL) + 1))
+    mbu_sum: float = 0.0
+    mfu_counts: list[int] = field(default_factory=lambda: [0] * (len(UTIL) + 1))
+    mfu_sum: float = 0.0
+    bytes: float = 0.0
+    flops: float = 0.0
+    tokens: int = 0
+
+    def empty(self) -> bool:
+        return self.steps == 0
+
+
+@dataclass
+class StepTotals:
+    """Everything :meth:`PyStepCore.take` hands over: per-phase totals, samples, the window's feed."""
+
+    phases: tuple[PhaseTotals, PhaseTotals, PhaseTotals]
+    samples: list[StepSample]
+    window: list[tuple[float, int, float | None]]  # decode (seconds, batch, mbu), while feed_window
+
+    def empty(self) -> bool:
+        return all(p.empty() for p in self.phases) and not self.samples and not self.window
+
+
+def new_totals() -> StepTotals:
+    return StepTotals((PhaseTotals(), PhaseTotals(), PhaseTotals()), [], [])
+
+
+class _Recent:
+    """The last WINDOW steps of one phase (stats())."""
+
+    __slots__ = ("errors", "mbu", "mfu", "seconds", "steps")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.errors = 0
+        self.seconds: deque[float] = deque(maxlen=WINDOW)
+        self.mbu: deque[float] = deque(maxlen=WINDOW)
+        self.mfu: deque[float] = deque(maxlen=WINDOW)
+
+
+class PyStepCore:
+    """The step core in Python (see the module docstring); same interface as ``perfsdk._native.StepCore``.
+
+    *pool* and *api* are the event pool and event API of a Monitor that times with CUDA events (None:
+    host timing). *capacity* bounds the records waiting to be read.
+    """
+
+    implementation = "python"
+
+    def __init__(self, costs: StepCosts, pool: Any, api: Any, capacity: int, span_rate: float,
+                 poll_interval: float) -> None:
+        self._costs = costs
+        self._pool = pool
+        self._api = api
+        self.capacity = capacity
+        self._span_rate = span_rate
+        self._poll = poll_interval
+        self._records: deque[StepRecord] = deque()
+        self._pending: deque[StepRecord] = deque()
+        self._lock = threading.Lock()  # guards the totals, the recent steps and the counters below
+        self._done_cond = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._totals = new_totals()
+        self._recent = [_Recent(), _Recent(), _Recent()]
+        self._sampled = 0  # steps seen by the span sampler
+        self.feed_window = False
+        self.pushed = 0  # records accepted (serving threads, under the GIL)
+        self.done = 0  # records fully counted (this core's thread)
+        self.dropped = 0  # records refused because the queue was full (serving threads)
+        self.errors = 0  # CUDA errors reading events
+        self.error_sites: deque[tuple[str, str]] = deque()  # (site, message), for the collector to log
+        self._paused = False
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # ---- serving threads --------------------------------------------------------------------------
+    def push(self, rec: StepRecord) -> bool:
+        """Queue one step; ``False`` (counted in ``dropped``) when *capacity* are already waiting."""
+        if len(self._records) >= self.capacity:
+            self.dropped += 1
+            return False
+        self._records.append(rec)
+        self.pushed += 1
+        return True
+
+    # ---- the core's thread ----------------------------------------------------------------------
+    def start(self) -> None:
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="perfsdk-steps", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = 10.0) -> bool:
+        """Stop the thread (after reading what is queued, if it can within *timeout*); True when it ended."""
+        self._stop = True
+        self._wake.set()
+        t = self._thread
+        if t is None:
+            return True
+        t.join(timeout)
+        return not t.is_alive()
+
+    def pause(self, paused: bool) -> None:
+        """Stop reading records (tests: a core that has fallen behind), or carry on."""
+        self._paused = paused
+        self._wake.set()
+
+    def _run(self) -> None:
+        if self._api is not None:
+            try:
+                self._api.thread_setup()  # the events' context current; relaxed graph-capture mode
+            except Exception as e:
+                self._error("core CUDA setup", e)
+        idle = self._poll
+        while True:
+            try:
+                if not self._paused and self._records:
+                    self._drain()
+                    idle = self._poll
+                elif not self._paused and self._pending:
+                    self._resolve(block=True)
+                else:
+                    if self._stop and (self._paused or not (self._records or self._pending)):
+                        return
+                    self._wake.wait(idle)
+                    self._wake.clear()
+                    # nothing arrived while asleep: sleep longer next time (up to IDLE_MAX); every wake-up
+                    # costs CPU. sync() and stop() wake the thread at once.
+                    idle = min(idle * 2, max(self._poll, IDLE_MAX)) if not self._records else self._poll
+            except Exception as e:  # keep going whatever happens, without spinning on a lasting fault
+                self._error("core", e)
+                time.sleep(self._poll)
+
+    def _drain(self) -> None:
+        records = self._records
+        while records:
+            rec = records.popleft()
+            if rec.timing == TIMED and rec.error is None:
+                self._pending.append(rec)
+                self._resolve(block=False)
+            else:
+                self._count(rec, None if rec.timing != HOST else (rec.t1 - rec.t0) / 1e9)
+                if rec.timing == TIMED:  # a user error inside a timed step: its events are not read
+                    self._let_go(rec)
+                self._finish_one()
+
+    def _resolve(self, block: bool) -> None:
+        """Read pending steps in order; when *block*, wait for the newest pending step first."""
+        pending = self._pending
+        api = self._api
+        waited = None  # waited for once already: a query that still says "not ready" is not believed
+        while pending:
+            rec = pending[0]
+            seconds: float | None
+            try:
+                if not api.query(rec.end):
+                    if not block:
+                        return
+                    newest = pending[-1].end
+                    if newest not in (rec.end, waited) and self._wait_newest(newest):
+                        waited = newest
+                        continue  # re-check the oldest
+                    api.wait(rec.end)  # blocking-sync event: sleeps in the driver, GIL released
+                seconds = api.elapsed_s(rec.start, rec.end)
+            except Exception as e:
+                # a CUDA error (sticky after a fault, say): count it and keep the step as counted but untimed
+                self._error("core event", e)
+                seconds = None
+            pending.popleft()
+            self._let_go(rec)
+            self._count(rec, seconds)
+            self._finish_one()
+            if self._records:
+                return  # go back to reading new records
+
+    def _wait_newest(self, newest: Any) -> bool:
+        """Wait for the newest pending step's end; False if it is done already or cannot be waited on.
+
+        Steps on one stream complete in order, so one wake-up then reads every step the host had queued,
+        not one per step. A failure here is left for that step's own turn to report.
+        """
+        try:
+            if self._api.query(newest):
+                return False
+            self._api.wait(newest)
+            return True
+        except Exception:
+            return False
+
+    def _let_go(self, rec: StepRecord) -> None:
+        pool = self._pool
+        if rec.start is not None:
+            pool.unref(rec.start)
+        if rec.end is not None:
+            pool.unref(rec.end)
+
+    def _finish_one(self) -> None:
+        with self._lock:
+            self.done += 1
+            self._done_cond.notify_all()
+
+    def _error(self, site: str, e: BaseException) -> None:
+        with self._lock:
+            self.errors += 1
+            if len(self.error_sites) < 64:
+                self.error_sites.append((site, f"{type(e).__name__}: {e}"))
+
+    # ---- counting (the C core does exactly this, in this order) -----------------------------------------
+    def _count(self, rec: StepRecord, seconds: float | None) -> None:
+        costs = self._costs
+        p = rec.phase
+        sampled = self._sample()
+        with self._lock:
+            tot = self._totals.phases[p]
+            recent = self._recent[p]
+            tot.steps += 1
+            recent.steps += 1
+            if rec.error is not None:
+                tot.errors += 1
+                recent.errors += 1
+                if sampled:
+                    self._add_sample(StepSample(p, rec.t0, rec.t1, None, rec.batch, 0, None, None, rec.error))
+                return
+            nbytes, flops, ntokens = costs.cost(p, rec.batch, rec.context_tokens, rec.lens_sum, rec.lens_sq,
+                                                rec.lens_count)
+            mbu = mfu = None
+            if seconds is not None and seconds > 0:
+                if nbytes is not None and costs.bandwidth > 0 and p != PREFILL:
+                    mbu = nbytes / (seconds * costs.bandwidth)
+                if flops is not None and costs.peak_flops > 0 and p != DECODE:
+                    mfu = flops / (seconds * costs.peak_flops)
+            if seconds is not None:
+                tot.step_counts[bucket_index(STEP, seconds)] += 1
+                tot.step_sum += seconds
+                tot.bytes += nbytes if nbytes is not None else 0.0
+                tot.flops += flops if flops is not None else 0.0
+                recent.seconds.append(seconds)
+            if mbu is not None:
+                tot.mbu_counts[bucket_index(UTIL, mbu)] += 1
+                tot.mbu_sum += mbu
+                recent.mbu.append(mbu)
+            if mfu is not None:
+                tot.mfu_counts[bucket_index(UTIL, mfu)] += 1
+                tot.mfu_sum += mfu
+                recent.mfu.append(mfu)
+            tot.tokens += ntokens
+            if sampled:
+                self._add_sample(StepSample(p, rec.t0, rec.t1, seconds, rec.batch, ntokens, mbu, mfu, None))
+            if self.feed_window and p == DECODE and seconds is not None:
+                win = self._totals.window
+                if len(win) >= WINDOW_FEED:
+                    del win[0]  # only the latest steps matter to a steadiness check
+                win.append((seconds, rec.batch, mbu))
+
+    def _sample(self) -> bool:
+        """Deterministic sampling at step_span_rate: step n is sampled when floor(n x rate) moves."""
+        rate = self._span_rate
+        if rate <= 0:
+            return False
+        n = self._sampled = self._sampled + 1
+        return math.floor(n * rate) > math.floor((n - 1) * rate)
+
+    def _add_sample(self, s: StepSample) -> None:
+        if len(self._totals.samples) < SAMPLES:
+            self._totals.samples.append(s)
+
+    # ---- the collector's side ---------------------------------------------------------------------
+    def take(self) -> StepTotals:
+        """Everything counted since the previous take (and reset)."""
+        with self._lock:
+            out, self._totals = self._totals, new_totals()
+        return out
+
+    def sync(self, timeout: float | None) -> bool:
+        """Wait until every step pushed before this call is counted (reading the GPU as needed)."""
+        target = self.pushed
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._wake.set()
+        with self._lock:
+            while self.done < target:
+                if self._thread is None or not self._thread.is_alive() or self._paused:
+                    return False
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._done_cond.wait(0.05 if left is None else min(left, 0.05))
+        return True
+
+    def recent(self, phase: int) -> tuple[int, int, list[float], list[float], list[float]]:
+        """(steps, errors, last seconds, last MBUs, last MFUs) of *phase*."""
+        with self._lock:
+            r = self._recent[phase]
+            return r.steps, r.errors, list(r.seconds), list(r.mbu), list(r.mfu)
+
+    def take_errors(self) -> list[tuple[str, str]]:
+        with self._lock:
+            out = list(self.error_sites)
+            self.error_sites.clear()
+        return out
+
+    @property
+    def waiting(self) -> int:
+        """Records pushed and not yet counted."""
+        return self.pushed - self.done
+
+    def __repr__(self) -> str:
+        return f"<PyStepCore {PHASES} pushed={self.pushed} done={self.done} dropped={self.dropped}>"
+
+
+def native_core(native: Any, costs: StepCosts, capacity: int, span_rate: float, poll_interval: float, events: Any,
+                event_capacity: int, event_prefill: int, new_event: Any, destroy_event: Any) -> Any:
+    """The C step core (``perfsdk._native.StepCore``), its :meth:`take` giving :class:`StepTotals` as here."""
+
+    class NativeStepCore(native.StepCore):  # type: ignore[misc]
+        implementation = "c"
+
+        def take(self) -> StepTotals:
+            phases, samples, window = super().take()
+            return StepTotals(
+                tuple(PhaseTotals(p[0], p[1], list(p[2]), p[3], list(p[4]), p[5], list(p[6]), p[7], p[8], p[9],
+                                  p[10]) for p in phases),  # type: ignore[arg-type]
+                [StepSample(*x) for x in samples], window)
+
+    return NativeStepCore(costs=costs, capacity=capacity, span_rate=span_rate, poll_interval=poll_interval,
+                          events=events, event_capacity=event_capacity, event_prefill=event_prefill,
+                          new_event=new_event,
+                          destroy_event=destroy_event, step_bounds=STEP, util_bounds=UTIL)
