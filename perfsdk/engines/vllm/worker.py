@@ -182,7 +182,7 @@ def _local_device() -> int:
     try:
         import torch
 
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_available():  # vLLM set this worker's device in init_device
             return int(torch.cuda.current_device())
     except Exception:
         pass
