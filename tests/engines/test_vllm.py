@@ -58,6 +58,7 @@ from vllm.v1.serial_utils import run_method  # noqa: E402
 from vllm.v1.worker.worker_base import WorkerWrapperBase  # noqa: E402
 
 from perfsdk import budget, hardware  # noqa: E402
+from perfsdk.engines import _common as engine_common  # noqa: E402
 from perfsdk.engines.vllm import config as vllm_config  # noqa: E402
 from perfsdk.engines.vllm import stats as vllm_stats  # noqa: E402
 from perfsdk.engines.vllm import worker as vllm_worker  # noqa: E402
@@ -357,7 +358,7 @@ def test_another_vllm_version_gets_a_message_naming_the_range(monkeypatch: pytes
     with caplog.at_level(logging.WARNING, logger="perfsdk"):
         vllm_worker.register()
     assert not vllm_worker.installed()
-    assert "vLLM 0.35.1 is outside the range perfsdk's vLLM integration supports (vllm>=0.33,<0.34)" in caplog.text
+    assert "vllm 0.35.1 is outside the range perfsdk's vllm integration supports (vllm>=0.33,<0.34)" in caplog.text
 
 
 def test_perfsdk_enabled_0_installs_nothing(monkeypatch: pytest.MonkeyPatch, no_plugin: None) -> None:
@@ -369,8 +370,7 @@ def test_perfsdk_enabled_0_installs_nothing(monkeypatch: pytest.MonkeyPatch, no_
 def test_a_bad_perfsdk_setting_leaves_the_worker_unhooked_not_broken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("PERFSDK_HARDWARE", "no-such-gpu")
-    monkeypatch.setenv("PERFSDK_SERVICE", "bad-hardware")  # a Monitor of its own (none cached for it)
-    vllm_worker._MONITORS.clear()
+    monkeypatch.setattr(engine_common, "_MONITORS", {})  # a fresh Monitor, made with this setting
     with caplog.at_level(logging.ERROR, logger="perfsdk"):
         wrapper = make_worker(cpu.engine_config(tmp_path))  # through the plugin's init_device wrapper
     try:
@@ -382,8 +382,9 @@ def test_a_bad_perfsdk_setting_leaves_the_worker_unhooked_not_broken(tmp_path: P
         shutdown_dist()
 
 
-def test_a_worker_that_exports_nowhere_says_how_to(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    vllm_worker._MONITORS.clear()
+def test_a_worker_that_exports_nowhere_says_how_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(engine_common, "_MONITORS", {})  # a fresh Monitor, made with this setting
     with caplog.at_level(logging.WARNING, logger="perfsdk"):
         wrapper = make_worker(cpu.engine_config(tmp_path))
     try:

@@ -32,32 +32,11 @@ over the few requests in prefill.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from perfsdk.engines._common import StepShape
+
 __all__ = ["StepShape", "step_shape"]
-
-
-@dataclass(frozen=True, slots=True)
-class StepShape:
-    """The work of one vLLM step; see the module docstring."""
-
-    prefill_lens: tuple[int, ...]
-    prefill_cached: int
-    decode_requests: int
-    decode_tokens: int
-    decode_context: int
-
-    @property
-    def phase(self) -> str | None:
-        """``"prefill"``, ``"decode"``, ``"mixed"``, or None for a step that computes nothing."""
-        if self.prefill_lens:
-            return "mixed" if self.decode_tokens else "prefill"
-        return "decode" if self.decode_tokens else None
-
-    @property
-    def tokens(self) -> int:
-        return sum(self.prefill_lens) + self.decode_tokens
 
 
 def step_shape(scheduler_output: Any) -> StepShape:

@@ -6,30 +6,26 @@
   (the Hugging Face config vLLM loaded, at the quantized width of a quantized checkpoint, the KV cache
   at ``--kv-cache-dtype``, split over ``--tensor-parallel-size``).
 * :func:`hardware_of`: ``PERFSDK_HARDWARE``, else the GPU as vLLM's platform names it.
-* :func:`metrics_export`: where a worker's metrics can go (``PROMETHEUS_MULTIPROC_DIR``, a port).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
-import re
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+from perfsdk.engines import _common
 
 if TYPE_CHECKING:
     from perfsdk.hardware import HardwareSpec
     from perfsdk.model import ModelSpec
-    from perfsdk.monitor import Monitor
 
-__all__ = ["SUPPORTED", "enabled", "hardware_of", "metrics_export", "model_of", "version_problem"]
+__all__ = ["SUPPORTED", "hardware_of", "model_of", "version_problem"]
 
 log = logging.getLogger("perfsdk")
 
 SUPPORTED = ((0, 33), (0, 34))  # vLLM >= 0.33, < 0.34: the range the CI suite runs (0.33.0)
-SUPPORTED_TEXT = "vllm>=0.33,<0.34"
 
 
 def version_problem(version: str | None = None) -> str | None:
@@ -38,18 +34,7 @@ def version_problem(version: str | None = None) -> str | None:
         import vllm
 
         version = str(getattr(vllm, "__version__", ""))
-    m = re.match(r"(\d+)\.(\d+)", version)
-    if m is None:
-        return f"cannot read vLLM's version ({version!r}); perfsdk supports {SUPPORTED_TEXT}"
-    v = (int(m.group(1)), int(m.group(2)))
-    if not SUPPORTED[0] <= v < SUPPORTED[1]:
-        return f"vLLM {version} is outside the range perfsdk's vLLM integration supports ({SUPPORTED_TEXT})"
-    return None
-
-
-def enabled() -> bool:
-    """``PERFSDK_ENABLED`` (default on), as :class:`perfsdk.Monitor` reads it."""
-    return os.environ.get("PERFSDK_ENABLED", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _common.version_problem("vllm", version, *SUPPORTED)
 
 
 def model_of(vllm_config: Any) -> tuple[ModelSpec | None, str | None]:
@@ -94,46 +79,3 @@ def hardware_of(device: int = 0) -> HardwareSpec | None:
     except Exception as e:
         log.warning("perfsdk: could not tell which GPU vLLM runs on (%s); set PERFSDK_HARDWARE", e)
         return None
-
-
-def metrics_export() -> tuple[bool, int | None]:
-    """(whether this process writes to ``PROMETHEUS_MULTIPROC_DIR``, ``PERFSDK_METRICS_PORT`` or None).
-
-    prometheus_client picks its value store when it is first imported: a directory set later (or
-    only in another process) leaves this process's metrics in memory, where vLLM's ``/metrics`` does
-    not read them.
-    """
-    multiproc = False
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import values
-
-        multiproc = values.ValueClass is not values.MutexValue
-    port = os.environ.get("PERFSDK_METRICS_PORT", "").strip()
-    return multiproc, (int(port) if port else None)
-
-
-@contextlib.contextmanager
-def env_without(name: str) -> Iterator[None]:
-    """*name* unset while the block runs (a Monitor reads ``PERFSDK_METRICS_PORT`` and would bind it
-    in every worker; the worker hook serves each rank on its own port instead)."""
-    saved = os.environ.pop(name, None)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.environ[name] = saved
-
-
-def count_error(mon: Monitor | None, exc: BaseException, where: str) -> None:
-    """Count *exc* in *mon*'s ``perfsdk_internal_errors_total`` and log it once per site (never raises).
-
-    (The Monitor's error guard is not public API yet; this is the integration's one use of it.)
-    """
-    try:
-        guard = getattr(mon, "_errors", None)
-        if guard is not None:
-            guard.record(exc, where)
-        else:
-            log.error("perfsdk: %s: %s", where, exc)
-    except Exception:
-        pass

@@ -44,7 +44,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from perfsdk.engines import split_evenly
-from perfsdk.engines.vllm.config import count_error, hardware_of, model_of, version_problem
+from perfsdk.engines._common import count_error
+from perfsdk.engines.vllm.config import hardware_of, model_of, version_problem
 from perfsdk.errors import MissingDependencyError
 
 try:

@@ -64,20 +64,18 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import threading
 from typing import TYPE_CHECKING, Any
 
-from perfsdk.engines.vllm.batch import step_shape
-from perfsdk.engines.vllm.config import (
+from perfsdk.engines._common import (
     count_error,
+    distributed_rank,
     enabled,
-    env_without,
-    hardware_of,
-    metrics_export,
-    model_of,
-    version_problem,
+    enter_step,
+    exit_step,
+    process_monitor,
 )
+from perfsdk.engines.vllm.batch import step_shape
+from perfsdk.engines.vllm.config import hardware_of, model_of, version_problem
 
 if TYPE_CHECKING:
     from perfsdk.monitor import Monitor
@@ -88,8 +86,6 @@ log = logging.getLogger("perfsdk")
 
 _HOOK_ATTR = "_perfsdk_hook"  # on the worker instance: its WorkerHook (attach is idempotent)
 _ORIGINAL_ATTR = "_perfsdk_original"  # on the wrapped init_device: vLLM's own
-_LOCK = threading.Lock()
-_MONITORS: dict[tuple[Any, ...], Monitor] = {}  # (pid, model, name, rank) -> Monitor: a fork makes its own
 
 
 def installed() -> bool:
@@ -143,39 +139,13 @@ def unregister() -> None:
 
 
 def worker_monitor(vllm_config: Any) -> Monitor:
-    """The worker Monitor of this process for *vllm_config*'s model, made on first use, then shared.
+    """This process's worker Monitor for *vllm_config*'s model (made once per process, model and rank).
 
-    Made per process: a Monitor's collector thread does not survive a fork, so a forked worker that
-    inherited its parent's makes its own.
+    ``PERFSDK_METRICS_PORT=P``: served on ``P + 1 + rank`` (``P`` is the API server's).
     """
     model, name = model_of(vllm_config)
-    rank = _rank()
-    key = (os.getpid(), model, name, rank)
-    with _LOCK:
-        mon = _MONITORS.get(key)
-        if mon is not None:
-            return mon
-        import perfsdk
-
-        with env_without("PERFSDK_METRICS_PORT"):  # the port is P + 1 + rank here, below
-            mon = perfsdk.Monitor(model=model, hardware=hardware_of(_local_device()), model_name=name,
-                                  service="vllm", rank=rank)
-        _MONITORS[key] = mon
-        _export(mon, rank)
-        _profiler(mon)
-        return mon
-
-
-def _rank() -> int | None:
-    """This worker's rank when there are several (torch.distributed's: vLLM set it up in init_device)."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            return int(dist.get_rank())
-    except Exception:
-        pass
-    return None
+    return process_monitor("vllm", model, name, hardware_of(_local_device()), port_offset=1,
+                           rank=distributed_rank())
 
 
 def _local_device() -> int:
@@ -187,41 +157,6 @@ def _local_device() -> int:
     except Exception:
         pass
     return 0
-
-
-def _export(mon: Monitor, rank: int | None) -> None:
-    multiproc, port = metrics_export()
-    served = None
-    if port is not None:
-        try:
-            srv = mon.serve_metrics(port=port + 1 + (rank or 0),
-                                    addr=os.environ.get("PERFSDK_METRICS_ADDR") or "127.0.0.1")
-            served = srv.url
-        except Exception as e:
-            log.warning("perfsdk: vLLM worker rank %s cannot serve its metrics: %s", rank or 0, e)
-    if multiproc or served:
-        log.info("perfsdk: vLLM worker rank %s: step metrics %s%s", rank or 0,
-                 "in PROMETHEUS_MULTIPROC_DIR (vLLM's /metrics)" if multiproc else "",
-                 f"{' and ' if multiproc else ''}on {served}/metrics" if served else "")
-    elif os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        log.warning("perfsdk: vLLM worker rank %s: PROMETHEUS_MULTIPROC_DIR was set after this process "
-                    "imported prometheus_client, so its step metrics reach no /metrics; set it before "
-                    "starting vllm (or set PERFSDK_METRICS_PORT)", rank or 0)
-    else:
-        log.warning("perfsdk: vLLM worker rank %s measures its steps but nothing exports them: set "
-                    "PROMETHEUS_MULTIPROC_DIR to an empty directory before starting vllm (vLLM's /metrics then "
-                    "carries them) or PERFSDK_METRICS_PORT=P (rank r serves on P+1+r)", rank or 0)
-
-
-def _profiler(mon: Monitor) -> None:
-    mode = (os.environ.get("PERFSDK_PROFILER") or "").strip().lower()
-    if mode in ("", "0", "off", "false", "no"):
-        return
-    try:
-        mon.enable_profiler(mode=mode, directory=os.environ.get("PERFSDK_PROFILE_DIR") or "./perfsdk-traces",
-                            signal=threading.current_thread() is threading.main_thread())
-    except Exception as e:
-        log.warning("perfsdk: profiler window not enabled in this vLLM worker: %s", e)
 
 
 class WorkerHook:
@@ -268,7 +203,7 @@ class WorkerHook:
         step = None
         if self.ready:
             if self._open is not None:
-                self._close(None, None, None)
+                self._close(None)
                 self.unpaired += 1
             step = self._begin(scheduler_output)
         elif scheduler_output is not None:
@@ -277,62 +212,44 @@ class WorkerHook:
             out = self._execute(scheduler_output, *args, **kwargs)
         except BaseException as e:
             if step is not None:
-                self._end(step, type(e), e, e.__traceback__)
+                self._end(step, e)
             raise
         if step is not None:
             if out is None:
                 self._open = step  # the step goes on in sample_tokens
             else:
-                self._end(step, None, None, None)  # its output is back: no sample_tokens follows
+                self._end(step, None)  # its output is back: no sample_tokens follows
         return out
 
     def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:
         try:
             out = self._sample(*args, **kwargs)
         except BaseException as e:
-            self._close(type(e), e, e.__traceback__)
+            self._close(e)
             raise
         if self._open is not None:
-            self._close(None, None, None)
+            self._close(None)
         return out
 
     # ---- steps ----------------------------------------------------------
     def _begin(self, scheduler_output: Any) -> Any:
         """Enter a perfsdk step sized from *scheduler_output*; None when there is nothing to time."""
-        mon = self.monitor
         try:
-            shape = step_shape(scheduler_output)
-            phase = shape.phase
-            if phase == "decode":
-                step = mon.decode(batch=shape.decode_tokens, context_tokens=shape.decode_context)
-            elif phase == "prefill":
-                lens = list(shape.prefill_lens)
-                step = mon.prefill(tokens=sum(lens), batch=len(lens), seq_lens=lens,
-                                   cached_tokens=shape.prefill_cached)
-            elif phase == "mixed":
-                # the chunks' cached prefix is read like decode context (perfsdk's mixed step has no
-                # per-chunk prefix): its bytes are exact, its attention FLOPs an undercount
-                step = mon.mixed(prefill_seq_lens=list(shape.prefill_lens), decode_batch=shape.decode_tokens,
-                                 context_tokens=shape.decode_context + shape.prefill_cached)
-            else:
-                return None
-            step.__enter__()
-            self.steps += 1
-            return step
+            step = enter_step(self.monitor, step_shape(scheduler_output))
         except Exception as e:
-            count_error(mon, e, "vllm worker hook: step begin")
+            count_error(self.monitor, e, "vllm worker hook: step begin")
             return None
+        if step is not None:
+            self.steps += 1
+        return step
 
-    def _end(self, step: Any, exc_type: Any, exc: Any, tb: Any) -> None:
-        try:
-            step.__exit__(exc_type, exc, tb)
-        except Exception as e:
-            count_error(self.monitor, e, "vllm worker hook: step end")
+    def _end(self, step: Any, exc: BaseException | None) -> None:
+        exit_step(self.monitor, step, exc)
 
-    def _close(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def _close(self, exc: BaseException | None) -> None:
         step, self._open = self._open, None
         if step is not None:
-            self._end(step, exc_type, exc, tb)
+            self._end(step, exc)
 
 
 def attach(worker: Any, monitor: Monitor | None = None, *, ready: bool = False) -> WorkerHook | None:
@@ -373,7 +290,7 @@ def profile(target: Any, steps: int | None = None, mode: str | None = None,
     hook = hook_of(target)
     if hook is None:
         return {"accepted": False, "reason": "perfsdk's worker hook is not attached to this worker"}
-    rank = _rank() or 0
+    rank = distributed_rank() or 0
     if ranks is not None and rank not in ranks:
         return {"accepted": False, "reason": "not this rank", "rank": rank}
     try:
@@ -417,5 +334,5 @@ class PerfsdkWorkerExtension:
         hook = hook_of(self)
         if hook is None:
             return {}
-        return {"rank": _rank() or 0, "steps": hook.steps, "warmup": hook.warmup, "unpaired": hook.unpaired,
+        return {"rank": distributed_rank() or 0, "steps": hook.steps, "warmup": hook.warmup, "unpaired": hook.unpaired,
                 "monitor": hook.monitor.stats()}
