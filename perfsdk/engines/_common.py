@@ -150,7 +150,7 @@ _LOCK = threading.Lock()
 _MONITORS: dict[tuple[Any, ...], Monitor] = {}  # (pid, engine, model, name, rank): a fork makes its own
 
 
-def process_monitor(engine: str, model: ModelSpec | None, name: str | None, hardware: HardwareSpec | None,
+def process_monitor(engine: str, model: ModelSpec | None, name: str | None, hardware: HardwareSpec | str | None,
                     *, port_offset: int, rank: int | None = None, profiler: bool = True) -> Monitor:
     """This process's Monitor for *engine*'s *model* at *rank*, made on first use, then shared.
 
