@@ -528,6 +528,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_vllm_finds_the_stat_logger_through_its_plugin_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    from perfsdk.engines.vllm import PerfsdkStatLogger  # the name the docs use, loaded on first use
+
+    assert PerfsdkStatLogger is vllm_stats.PerfsdkStatLogger
     assert vllm_stats.PerfsdkStatLogger in load_stat_logger_plugin_factories()
     monkeypatch.setenv("VLLM_PLUGINS", "someone-else")  # vLLM's own filter turns it off
     assert vllm_stats.PerfsdkStatLogger not in load_stat_logger_plugin_factories()
