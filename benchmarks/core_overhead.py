@@ -61,7 +61,8 @@ from llama_decode import SHAPES, Model, capture_decode_graph
 import perfsdk
 from perfsdk.model import ModelSpec
 
-GIL_THREADS = ("perfsdk-collector", "perfsdk-spans")
+# kernel thread names are cut at 15 characters ("perfsdk-collector" reads "perfsdk-collect")
+GIL_THREADS = ("perfsdk-collect", "perfsdk-spans")
 NATIVE_THREADS = ("perfsdk-steps",)
 
 
@@ -75,6 +76,7 @@ def thread_cpu_ns() -> dict[str, int]:
         except (OSError, ValueError, IndexError):
             continue
         if name.startswith("perfsdk"):
+            name = next((n for n in (*GIL_THREADS, *NATIVE_THREADS) if name.startswith(n)), name)
             out[name] = out.get(name, 0) + ns
     return out
 
@@ -97,6 +99,19 @@ def median_ns(fn: Callable[[], object], n: int) -> float:
             fn()
         batches.append((time.perf_counter_ns() - t0) / 100)
     return statistics.median(batches)
+
+
+def timer_floor_ns(n: int = 20000) -> float:
+    """What a timed step's own four clock reads cost (subtracted from the calls' figure)."""
+    pc = time.perf_counter_ns
+    t0 = pc()
+    for _ in range(n):
+        a = pc()
+        b = pc()
+        c = pc()
+        d = pc()
+        _ = (b - a) + (d - c)
+    return (pc() - t0) / n
 
 
 def environment() -> dict[str, Any]:
@@ -165,7 +180,9 @@ def call_costs(spec: ModelSpec, hw: Any, hot_path: str | None) -> dict[str, Any]
 
 
 def run_loop(mon: perfsdk.Monitor | None, step: Callable[[], object], steps: int, batch: int,
-             ctx: int) -> dict[str, float]:
+             ctx: int, time_calls: bool = False) -> dict[str, float]:
+    """One run of *steps* steps (bare when *mon* is None). *time_calls*: also time perfsdk's own calls on the
+    serving thread (clock reads around enter and exit; a separate run, so the others carry no timer)."""
     torch.cuda.synchronize()
     if mon is not None:
         mon.flush(60)
@@ -173,9 +190,21 @@ def run_loop(mon: perfsdk.Monitor | None, step: Callable[[], object], steps: int
     c0 = thread_cpu_ns()
     s0 = time.thread_time_ns()
     t0 = time.perf_counter_ns()
+    calls_ns = 0
     if mon is None:
         for _ in range(steps):
             step()
+    elif time_calls:
+        pc = time.perf_counter_ns
+        for _ in range(steps):
+            a = pc()
+            s = mon.decode(batch=batch, context_tokens=batch * ctx)
+            s.__enter__()
+            b = pc()
+            step()
+            c = pc()
+            s.__exit__(None, None, None)
+            calls_ns += (b - a) + (pc() - c)
     else:
         for _ in range(steps):
             with mon.decode(batch=batch, context_tokens=batch * ctx):
@@ -190,6 +219,7 @@ def run_loop(mon: perfsdk.Monitor | None, step: Callable[[], object], steps: int
     native = sum(c1.get(n, 0) - c0.get(n, 0) for n in NATIVE_THREADS)
     other = sum(v - c0.get(n, 0) for n, v in c1.items() if n not in GIL_THREADS + NATIVE_THREADS)
     return {"step_us": total / steps / 1e3, "serving_cpu_us": serving / steps / 1e3,
+            "perfsdk_calls_us": calls_ns / steps / 1e3,
             "gil_threads_cpu_us": gil / steps / 1e3, "native_threads_cpu_us": native / steps / 1e3,
             "other_perfsdk_cpu_us": other / steps / 1e3}
 
@@ -237,6 +267,8 @@ def loops(model: Model, spec: ModelSpec, hw: Any, ctx: int, reps: int, hot_path:
                     finally:
                         if checked:
                             torch.cuda.set_sync_debug_mode(0)
+            timed = run_loop(mon, step, steps, batch, ctx, time_calls=True)
+            timer = timer_floor_ns() / 1e3  # the four clock reads of a timed step, not perfsdk's
             mon.flush(120)
             st = mon.stats()
 
@@ -256,10 +288,12 @@ def loops(model: Model, spec: ModelSpec, hw: Any, ctx: int, reps: int, hot_path:
                 "serving_cpu_added_us": med(inst, "serving_cpu_us") - med(bare, "serving_cpu_us"),
                 "serving_cpu_added_pct_of_step": (med(inst, "serving_cpu_us") - med(bare, "serving_cpu_us"))
                 / b_us * 100,
+                "perfsdk_calls_us_per_step": timed["perfsdk_calls_us"] - timer,
+                "perfsdk_calls_pct_of_step": (timed["perfsdk_calls_us"] - timer) / b_us * 100,
                 "gil_threads_cpu_us_per_step": med(inst, "gil_threads_cpu_us"),
                 "native_threads_cpu_us_per_step": med(inst, "native_threads_cpu_us"),
                 "other_perfsdk_cpu_us_per_step": med(inst, "other_perfsdk_cpu_us"),
-                "steps_run": reps * steps, "steps_recorded": st["decode"]["steps"] - before,
+                "steps_run": (reps + 1) * steps, "steps_recorded": st["decode"]["steps"] - before,
                 "mbu_mean": st["decode"]["mbu_mean"], "step_ms_p50": st["decode"]["step_ms_p50"],
                 "dropped": st["dropped_records"], "internal_errors": st["internal_errors"],
                 "zero_syncs_under_sync_debug_error": True if loop != "graph_synced" else None,
@@ -267,9 +301,10 @@ def loops(model: Model, spec: ModelSpec, hw: Any, ctx: int, reps: int, hot_path:
             results.append(r)
             print(f"  b{batch} {loop:13s} {r['hot_path']:6s} bare {b_us:8.1f} us  instr {i_us:8.1f} us "
                   f"({r['end_to_end_overhead_pct']:+.2f}%, paired {r['paired_overhead_pct_median']:+.2f}%)  "
-                  f"serving +{r['serving_cpu_added_us']:.2f} us  GIL threads {r['gil_threads_cpu_us_per_step']:.2f} "
-                  f"us  native {r['native_threads_cpu_us_per_step']:.2f} us  recorded "
-                  f"{r['steps_recorded']}/{r['steps_run']}  errors {r['internal_errors']}", flush=True)
+                  f"calls {r['perfsdk_calls_us_per_step']:.2f} us  serving +{r['serving_cpu_added_us']:.2f} us  "
+                  f"GIL threads {r['gil_threads_cpu_us_per_step']:.2f} us  native "
+                  f"{r['native_threads_cpu_us_per_step']:.2f} us  recorded {r['steps_recorded']}/{r['steps_run']}  "
+                  f"errors {r['internal_errors']}", flush=True)
             mon.close()
     return results
 

@@ -133,18 +133,19 @@ def host_costs(spec: ModelSpec, hw: Any, device: str, holder: list[Any]) -> dict
     out: dict[str, float] = {"perf_counter_ns": median_ns(time.perf_counter_ns, n)}
     if device == "cuda":
         from perfsdk.cuda_driver import driver_events
-        from perfsdk.timing import capture_check, make_recorder
+        from perfsdk.timing import TorchEvents, capture_check
 
         ev = torch.cuda.Event(enable_timing=True, blocking=True)
         out["cuda_event_record_public"] = median_ns(ev.record, n)
-        rec = make_recorder()
-        out["cuda_event_record_torch_cached_stream"] = median_ns(lambda: rec(ev), n)
+        tev = TorchEvents()
+        t_stream, t_record_on = tev.make_stream(), tev.make_record_on()
+        out["cuda_event_record_torch_cached_stream"] = median_ns(lambda: t_record_on(ev, t_stream()), n)
         out["cuda_event_query_torch"] = median_ns(ev.query, n)
         drv = driver_events()
         if drv is not None:
             dev_ev = drv.new()
-            drec = drv.make_record()
-            out["cuda_event_record_driver"] = median_ns(lambda: drec(dev_ev), n)
+            d_stream, d_record_on = drv.make_stream(), drv.make_record_on()
+            out["cuda_event_record_driver"] = median_ns(lambda: d_record_on(dev_ev, d_stream()), n)
             raw = torch._C._cuda_getCurrentRawStream
             out["raw_stream_handle"] = median_ns(lambda: raw(0), n)
             out["cuda_event_query_driver"] = median_ns(lambda: drv.query(dev_ev), n)

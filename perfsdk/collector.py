@@ -43,7 +43,8 @@ from perfsdk.stepcore import StepTotals
 
 __all__ = ["Collector", "summary"]
 
-IDLE_MAX = 0.5  # longest sleep of an idle collector (s); export_interval is the usual one
+IDLE_MAX = 1.0  # longest sleep of an idle collector (s); export_interval is the usual one
+_yield = time.sleep  # time.sleep(0) lets go of the GIL and takes it back: a waiting thread gets a turn
 
 
 class Collector(threading.Thread):
@@ -63,7 +64,10 @@ class Collector(threading.Thread):
         self._interval = export_interval
         self._untimed = untimed
         self.window: Any = None  # the profiler window, fed every decode step while set
-        self._wake = threading.Event()
+        # a plain lock as the wake-up: acquired by this thread, released by wake(); waiting on it with a
+        # timeout is one C call (threading.Event builds a Condition and a lock per wait)
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._stop_flag = False
         self._exported_dropped = 0
         self._exported_errors = 0
@@ -72,11 +76,14 @@ class Collector(threading.Thread):
 
     # ---- thread control -------------------------------------------------------------------------
     def wake(self) -> None:
-        self._wake.set()
+        try:
+            self._wake.release()
+        except RuntimeError:
+            pass  # a wake-up is pending already
 
     def stop(self, timeout: float | None) -> None:
         self._stop_flag = True
-        self._wake.set()
+        self.wake()
         self.join(timeout)
 
     def run(self) -> None:
@@ -86,27 +93,33 @@ class Collector(threading.Thread):
                 busy = self.export()
                 if self._stop_flag:
                     return
-                self._wake.wait(idle)
-                self._wake.clear()
+                woken = self._wake.acquire(timeout=idle)
                 # nothing arrived: sleep longer next time (every wake-up is a turn at the GIL)
-                idle = self._interval if busy else min(idle * 2, max(self._interval, IDLE_MAX))
+                idle = self._interval if busy or woken else min(idle * 2, max(self._interval, IDLE_MAX))
             except Exception as e:  # keep collecting whatever happens, without spinning on a lasting fault
                 self.errors.record(e, "collector")
                 time.sleep(self._interval)
 
     # ---- one round --------------------------------------------------------------------------------
     def export(self) -> bool:
-        """One round: steps, requests, health. True when anything was exported."""
+        """One round: steps, requests, health. True when anything was exported.
+
+        The round lets go of the GIL between its parts (``time.sleep(0)``), so that a serving thread waiting
+        for it waits for one part, not for the whole round or a switch interval (5 ms).
+        """
         busy = self._export_steps()
+        _yield(0)
         ttft: list[float] = []
         itl: list[float] = []
         results: list[RequestResult] = []
         flushes: list[Flush] = []
         q = self.requests
-        for _ in range(len(q)):  # what is queued now; later events wait for the next round
+        for i in range(len(q)):  # what is queued now; later events wait for the next round
             ev = q.pop()
             if ev is None:
                 break
+            if i & 31 == 31:
+                _yield(0)
             self.processed += 1
             try:
                 if isinstance(ev, FirstToken):
@@ -127,9 +140,11 @@ class Collector(threading.Thread):
         if ttft or itl:
             busy = True
             self._each("latencies", ttft, itl)
-        for r in results:
+        for i, r in enumerate(results):
             busy = True
             self._each("request", r)
+            if i & 7 == 7:
+                _yield(0)
         self._export_health()
         for f in flushes:
             self._flush(f)
@@ -142,6 +157,7 @@ class Collector(threading.Thread):
             self.errors.log_once(site, message)
         if totals.empty():
             return False
+        _yield(0)
         self._each("steps", totals)
         w = self.window
         if w is not None and totals.window:
@@ -169,7 +185,9 @@ class Collector(threading.Thread):
 
     def _each(self, what: str, *args: Any) -> None:
         """Call ``sink.<what>(*args)`` on every sink; one failing is counted and the others still get it."""
-        for s in self.sinks:
+        for i, s in enumerate(self.sinks):
+            if i:
+                _yield(0)
             try:
                 getattr(s, what)(*args)
             except Exception as e:

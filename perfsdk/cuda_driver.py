@@ -35,15 +35,35 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["CudaDriverError", "DriverEvents", "driver_events"]
+__all__ = ["CudaDriverError", "DriverAddresses", "DriverEvents", "driver_events", "relax_capture_mode"]
 
 CU_EVENT_BLOCKING_SYNC = 0x1
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_INVALID_CONTEXT = 201
 CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
+
+class DriverAddresses(NamedTuple):
+    """The driver functions the C hot path and step core call directly (addresses; 0 where absent).
+
+    Signatures are libcuda's: ``cuEventRecord(event, stream)``, ``cuStreamIsCapturing(stream, int*)``,
+    ``cuEventQuery(event)``, ``cuEventSynchronize(event)``, ``cuEventElapsedTime(float*, start, end)``,
+    ``cuCtxSetCurrent(ctx)`` and ``cuThreadExchangeStreamCaptureMode(int*)``; events and streams are the
+    handles :meth:`EventApi.new` and the stream call return. A scripted GPU in the tests provides the same
+    through ctypes callbacks.
+    """
+
+    record: int
+    is_capturing: int
+    query: int
+    synchronize: int
+    elapsed: int
+    ctx_set_current: int
+    context: int
+    exchange_capture_mode: int
 
 
 class CudaDriverError(RuntimeError):
@@ -184,10 +204,7 @@ class DriverEvents:
             return 0
 
     def addresses(self) -> Any:
-        """The driver functions the C hot path and step core call directly (a
-        :class:`~perfsdk.timing.DriverAddresses`)."""
-        from perfsdk.timing import DriverAddresses
-
+        """The driver functions the C hot path and step core call directly (a :class:`DriverAddresses`)."""
         py, _ = _libs()
 
         def address(name: str) -> int:
@@ -205,18 +222,6 @@ class DriverEvents:
     def raise_for(self, code: int) -> None:
         """Raise :class:`CudaDriverError` for a failed record's result code."""
         self._check("cuEventRecord", code)
-
-    def make_record(self) -> Callable[[int], None]:
-        """``record(event)`` on the calling thread's current stream (benchmarks; the Monitor uses the two above)."""
-        record_fn, raw, device = self._record_fn, self._raw_stream, self._device
-        check = self._check
-
-        def record(ev: int) -> None:
-            r = record_fn(ev, raw(device))
-            if r:
-                check("cuEventRecord", r)
-
-        return record
 
     def query(self, ev: int) -> bool:
         r = self._query(ev)
@@ -243,14 +248,29 @@ class DriverEvents:
         the capture; the collector opts out, as PyTorch's NCCL watchdog does.
         """
         self.ensure_context()
-        mode = ctypes.c_int(CU_STREAM_CAPTURE_MODE_RELAXED)
-        self._exchange_mode(ctypes.byref(mode))
+        relax_capture_mode()
 
     def close(self) -> None:
         """Give the primary-context reference back (events not destroyed yet die with the context)."""
         if not self._closed:
             self._closed = True
             self._ctx_release(self._dev)
+
+
+def relax_capture_mode() -> None:
+    """Put the calling thread in CUDA's *relaxed* stream-capture mode (``cuThreadExchangeStreamCaptureMode``).
+
+    While another thread captures a CUDA graph in the default global mode, "potentially unsafe" calls from
+    any other thread — ``cuEventQuery`` and ``cuEventSynchronize`` among them — invalidate the capture. A
+    thread that reads events (the Python step core; the C core does the same through the function's
+    address) opts out, as PyTorch's NCCL watchdog thread does. No driver library (a CPU box): nothing to do.
+    """
+    try:
+        _, c = _libs()
+        mode = ctypes.c_int(CU_STREAM_CAPTURE_MODE_RELAXED)
+        c.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
+    except (OSError, AttributeError):
+        pass
 
 
 def driver_events(device: int | None = None) -> DriverEvents | None:

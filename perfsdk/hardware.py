@@ -785,6 +785,16 @@ def _measure_cpu(
     return copy_bw, flops, {"copy_bytes": n_elems * 4, "gemm_n": sizes, "repeats": repeats}
 
 
+def _memory_bytes(torch: Any, dev: Any) -> int | None:
+    """Total memory of *dev* (physical RAM for the CPU), or None where the platform does not say."""
+    try:
+        if dev.type == "cuda":
+            return int(torch.cuda.get_device_properties(dev).total_memory)
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError, RuntimeError):
+        return None
+
+
 def calibrate(
     device: str = "auto",
     *,
@@ -829,6 +839,16 @@ def calibrate(
         backend = "cpu"
     else:
         raise ConfigError(f"device: expected 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+
+    if size_mb is not None:
+        # the copy needs the buffer twice (source and destination): refuse what cannot fit rather than
+        # fail mid-allocation with a raw RuntimeError (or push a shared host into swap)
+        memory = _memory_bytes(torch, dev)
+        if memory is not None and 2 * size_mb * 2**20 > memory:
+            raise ConfigError(
+                f"size_mb: the copy needs 2 x {size_mb:,} MiB, more than the {memory / 2**20:,.0f} MiB "
+                f"of {device_name}"
+            )
 
     torch_version = str(torch.__version__)
     threads = int(torch.get_num_threads()) if backend == "cpu" else 0

@@ -11,6 +11,13 @@ process's values when ``PROMETHEUS_MULTIPROC_DIR`` is set). ``POST /profile``
 asks for one profiler-window capture; it is open on loopback, and needs
 ``Authorization: Bearer <token>`` when the server binds any other address —
 binding elsewhere without a token is refused at construction.
+
+The server stays quiet on stderr: a client that hangs up mid-request (a scrape
+aborted by Prometheus' timeout, a health check that closes early) is counted in
+``srv.client_disconnects`` and logged at DEBUG on the ``perfsdk.metrics_server``
+logger, never printed as a socket traceback. Any other error while handling a
+request is counted in ``srv.errors`` and logged, with its traceback, once as a
+WARNING and at DEBUG after that; a failing ``/metrics`` answers 500.
 """
 
 from __future__ import annotations
@@ -18,18 +25,28 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import logging
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
 from perfsdk._guard import ErrorGuard
 from perfsdk.errors import ConfigError
 
-if TYPE_CHECKING:
-    from perfsdk.monitor import Monitor
+__all__ = ["MetricsHost", "MetricsServer"]
 
-__all__ = ["MetricsServer"]
+
+class MetricsHost(Protocol):
+    """What the server needs of its Monitor (perfsdk.Monitor is one): the registry to serve and the
+    profiler-window trigger."""
+
+    registry: Any
+
+    def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api") -> Any: ...
+
+log = logging.getLogger(__name__)
 
 
 def _is_loopback(addr: str) -> bool:
@@ -42,7 +59,7 @@ def _is_loopback(addr: str) -> bool:
 
 
 class MetricsServer:
-    def __init__(self, mon: Monitor, port: int = 9400, addr: str = "127.0.0.1", token: str | None = None, *,
+    def __init__(self, mon: MetricsHost, port: int = 9400, addr: str = "127.0.0.1", token: str | None = None, *,
                  errors: ErrorGuard | None = None) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port: expected an integer within 0..65535, got {port!r}")
@@ -52,19 +69,21 @@ class MetricsServer:
                 "POST /profile; pass a token or bind 127.0.0.1"
             )
         self._mon = mon
-        self._errors = errors if errors is not None else ErrorGuard()
+        self._guard = errors if errors is not None else ErrorGuard()
         self._token = token
         from prometheus_client import REGISTRY
 
         from perfsdk.sinks.prometheus import multiprocess_registry
 
         self._registry = multiprocess_registry() or mon.registry or REGISTRY
+        self._counts_lock = threading.Lock()
+        self._client_disconnects = 0
+        self._failures = 0
         handler = _make_handler(self)
         try:
-            self._httpd = ThreadingHTTPServer((addr, port), handler)
+            self._httpd = _QuietServer((addr, port), handler, self)
         except OSError as e:
             raise ConfigError(f"port: cannot serve metrics on {addr}:{port}: {e.strerror or e}") from e
-        self._httpd.daemon_threads = True
         self.addr = addr
         self.port = int(self._httpd.server_address[1])
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="perfsdk-metrics", daemon=True)
@@ -75,15 +94,42 @@ class MetricsServer:
         host = f"[{self.addr}]" if ":" in self.addr else self.addr
         return f"http://{host}:{self.port}"
 
+    @property
+    def client_disconnects(self) -> int:
+        """Requests whose client hung up before the answer was read (aborted scrapes)."""
+        return self._client_disconnects
+
+    @property
+    def errors(self) -> int:
+        """Requests that failed inside the server for any other reason (logged)."""
+        return self._failures
+
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
+    def _request_failed(self, client: Any, exc: BaseException | None) -> None:
+        # ConnectionError covers BrokenPipe, ConnectionReset and ConnectionAborted; TimeoutError a client
+        # that stalled mid-request: the client's doing, and routine for a scrape that timed out
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            with self._counts_lock:
+                self._client_disconnects += 1
+            log.debug("metrics server: client %s hung up: %s", client, exc)
+            return
+        with self._counts_lock:
+            self._failures += 1
+            first = self._failures == 1
+        log.log(logging.WARNING if first else logging.DEBUG, "metrics server: a request from %s failed",
+                client, exc_info=exc)
 
     # ---- request handling (server threads) --------------------------------
     def metrics(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        return generate_latest(self._registry), CONTENT_TYPE_LATEST
+        from perfsdk.sinks.prometheus import update_lock
+
+        with update_lock(self._registry):  # all of one step export or none of it (bytes / seconds stay exact)
+            return generate_latest(self._registry), CONTENT_TYPE_LATEST
 
     def authorized(self, header: str | None) -> bool:
         if self._token is None:
@@ -102,10 +148,24 @@ class MetricsServer:
         except ConfigError as e:
             return 400, {"error": str(e)}
         except Exception as e:  # a profiler problem is reported, never fatal to the server
-            self._errors.record(e, "POST /profile")
+            self._guard.record(e, "POST /profile")
             return 500, {"error": f"{type(e).__name__}: {e}"}
         info = handle.to_dict() if hasattr(handle, "to_dict") else {"accepted": bool(handle)}
         return (202 if info.get("accepted", True) else 409), info
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """``ThreadingHTTPServer`` whose request errors go to the owner, not to ``traceback.print_exc()``."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], owner: MetricsServer) -> None:
+        self._owner = owner
+        super().__init__(address, handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver calls this from inside the except block: the exception is the current one
+        self._owner._request_failed(client_address, sys.exc_info()[1])
 
 
 def _make_handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
@@ -126,7 +186,12 @@ def _make_handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path = urlparse(self.path).path
             if path == "/metrics":
-                body, ctype = server.metrics()
+                try:
+                    body, ctype = server.metrics()
+                except Exception as e:  # a failing collector: say so, and keep the server up
+                    server._request_failed(self.client_address, e)
+                    self._json(500, {"error": f"collecting metrics failed: {type(e).__name__}: {e}"})
+                    return
                 self._send(200, body, ctype)
             elif path in ("/health", "/"):
                 self._json(200, {"status": "ok"})

@@ -63,18 +63,17 @@ not collide.
 
 from __future__ import annotations
 
-import functools
-import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from perfsdk import assembly
 from perfsdk._guard import ErrorGuard
+from perfsdk.assembly import load_native
 from perfsdk.config import MonitorConfig, env
 from perfsdk.errors import ConfigError
-from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps, check_sizes, decorate, host_step
+from perfsdk.hotpath import NoStep, Step, host_step
 from perfsdk.model import ModelSpec
 from perfsdk.records import (
     NULL_REQUEST,
@@ -83,7 +82,6 @@ from perfsdk.records import (
     MeasuredLatencies,
     MeasuredRequest,
     Request,
-    RequestQueue,
     check_count,
     finite_seconds,
 )
@@ -95,23 +93,11 @@ if TYPE_CHECKING:
     from perfsdk.hardware import HardwareSpec
     from perfsdk.metrics_server import MetricsServer
 
-__all__ = ["Monitor", "Phase", "Request", "Step"]
-
-log = logging.getLogger("perfsdk")
+__all__ = ["Monitor", "Phase", "Request", "Step", "load_native"]
 
 Phase = Step  # the name this type had before 0.2 (perfsdk.Phase); both work
 
 _UNSET: Any = object()
-
-
-def load_native() -> Any:
-    """perfsdk's C extension (``perfsdk._native``: the hot path and the step core), or None where not built."""
-    try:
-        from perfsdk import _native
-
-        return _native
-    except ImportError:
-        return None
 
 
 class Monitor:
@@ -154,7 +140,7 @@ class Monitor:
             extension was built and the events allow, else in Python; ``"c"`` (raise if not possible) or
             ``"python"``. ``Monitor.hot_path`` says which runs.
         poll_interval: the step core's shortest idle sleep (s; it backs off to 0.1 s while idle).
-        export_interval: how often the collector hands results to the sinks (s, default 0.1).
+        export_interval: how often the collector hands results to the sinks (s, default 0.25).
         strict: raise :class:`~perfsdk.errors.ConfigError` for bad values from serving code instead of
             dropping and counting them (tests; :mod:`perfsdk.testing` turns it on).
         clock: a ``() -> int`` nanosecond clock (tests); default ``time.perf_counter_ns``.
@@ -211,213 +197,43 @@ class Monitor:
         self._server: MetricsServer | None = None
         self._closed = False
         self._collector: Collector | None = None
-
-        self.model = _resolve_model(env("PERFSDK_MODEL") if model is _UNSET else model)
+        self.model = assembly.resolve_model(env("PERFSDK_MODEL") if model is _UNSET else model)
         self.model_name = cfg.model_name or (self.model.name if self.model else "") or "unknown"
-        self.hardware = _resolve_hardware((env("PERFSDK_HARDWARE") or "auto") if hardware is _UNSET else hardware)
-        self.compute_dtype = cfg.compute_dtype or self._default_compute_dtype()
+        self.hardware = assembly.resolve_hardware((env("PERFSDK_HARDWARE") or "auto") if hardware is _UNSET
+                                                  else hardware)
+        self.compute_dtype = cfg.compute_dtype or assembly.default_compute_dtype(self.model)
 
-        # ---- choose implementations once (STYLE 3) ----
-        from perfsdk import timing as _timing
-        from perfsdk.nvtx_ranges import make_nvtx
-        from perfsdk.stepcost import StepCosts
-
-        if _events is not None:  # a scripted GPU (tests): its event API, as timing="cuda" would use the driver's
-            use_cuda = self._enabled
-            api = _events if use_cuda else None
-        else:
-            use_cuda = self._enabled and (cfg.timing == "cuda" or (cfg.timing == "auto" and _timing.cuda_usable()))
-            if cfg.timing == "cuda" and not _timing.cuda_usable(force=True):
-                raise ConfigError("timing='cuda': torch does not see a CUDA device here; use timing='host' or "
-                                  "'auto'")
-            api = _timing.event_api(cfg.cuda_events) if use_cuda else None
-        self.timing = "cuda" if use_cuda else "host"
-        event_capacity = getattr(_events, "pool_capacity", 2 * cfg.event_pool_size)
-        event_prefill = getattr(_events, "pool_prefill", 32)
-        self.cuda_events = api.name if api is not None else None
-        addresses = api.addresses() if api is not None and hasattr(api, "addresses") else None
-        native = load_native() if self._enabled else None
-        if cfg.hot_path == "c":
-            if load_native() is None:
-                raise ConfigError("hot_path='c': perfsdk's C extension (perfsdk._native) is not built in this "
-                                  "install; reinstall with a C compiler and the Python headers, or use "
-                                  "hot_path='python'")
-            if api is not None and addresses is None:
-                raise ConfigError(f"hot_path='c' needs driver events (cuda_events={self.cuda_events!r} runs the "
-                                  "Python hot path)")
-        use_c = native is not None and cfg.hot_path != "python" and (api is None or addresses is not None)
-        self.hot_path = "c" if use_c or (cfg.hot_path == "c" and not self._enabled) else "python"
-
-        nv = make_nvtx(cfg.nvtx if self._enabled else False)
-        self.nvtx_backend = nv.backend
-        self._nvtx = nv
-
-        self._extra_label_values: tuple[str, ...] = ()
-        extra_labels: tuple[str, ...] = ()
-        r = _detect_rank(cfg.rank)
-        if r is not None:
-            extra_labels, self._extra_label_values = ("rank",), (str(r),)
-        self.rank = r
-
-        # ---- sinks ----
-        from perfsdk.sinks.prometheus import PrometheusSink, metric_set
-
-        self.registry = registry
-        self._prom: PrometheusSink | None = None
-        sinks: list[Any] = []
-        if prometheus:
-            from prometheus_client import REGISTRY
-
-            self.registry = registry if registry is not None else REGISTRY
-            self._prom = PrometheusSink(metric_set(self.registry, extra_labels), self.model_name,
-                                        self._extra_label_values)
-            if self.hardware is not None:
-                flops = {k: float(v) for k, v in self.hardware.flops.items()}
-                self._prom.set_hardware(self.hardware.name, self.hardware.memory_bandwidth, flops)
-            sinks.append(self._prom)
-        self._otel: Any = None
-        if cfg.otel and self._enabled:
-            from perfsdk.sinks.otel import make_otel_sink
-
-            self._otel = make_otel_sink(tracer_provider, self.model_name, self._epoch_offset_ns)
-            if self._otel is None and cfg.otel_explicit:
-                from perfsdk.errors import MissingDependencyError
-
-                raise MissingDependencyError("opentelemetry-api", "OpenTelemetry spans", extra="otel")
-            if self._otel is not None:
-                sinks.append(self._otel)
+        parts = assembly.assemble(
+            cfg, model=self.model, hardware=self.hardware, compute_dtype=self.compute_dtype,
+            model_name=self.model_name, registry=registry, prometheus=prometheus, tracer_provider=tracer_provider,
+            clock=self._clock, epoch_offset_ns=self._epoch_offset_ns, errors=self._errors, events=_events)
+        self.timing, self.cuda_events, self.hot_path = parts.timing, parts.cuda_events, parts.hot_path
+        self.nvtx_backend, self.rank, self.registry = parts.nvtx_backend, parts.rank, parts.registry
+        self._rank_label, self._prom, self._otel = parts.rank_label, parts.prom, parts.otel
+        self._requests, self._core, self._pool = parts.requests, parts.core, parts.pool
+        self._hot_state, self._compiling = parts.hot_state, parts.compiling
         self._capture_ctx = self._otel.capture_context if self._otel is not None else None
-
-        # ---- the step core, the request queue, the hot path ----
-        peak = None
-        if self.hardware is not None:
-            try:
-                peak = self.hardware.peak_flops(self.compute_dtype)
-            except Exception:
-                peak = None
-        costs = StepCosts.of(self.model, self.hardware.memory_bandwidth if self.hardware else None, peak)
-        self._requests = RequestQueue(cfg.queue_size, self._clock, self._errors, cfg.strict)
-        self._pool: Any = None
-        if use_c:
-            from perfsdk.stepcore import native_core
-
-            self._core: Any = native_core(
-                native, costs, cfg.queue_size, cfg.step_span_rate, cfg.poll_interval, addresses,
-                event_capacity if api is not None else 0, event_prefill,
-                api.new if api is not None else None, api.destroy if api is not None else None,
-            )
-        else:
-            from perfsdk.stepcore import PyStepCore
-
-            if api is not None:
-                self._pool = _timing.EventPool(api, event_capacity, event_prefill)
-            self._core = PyStepCore(costs, self._pool, api, cfg.queue_size, cfg.step_span_rate, cfg.poll_interval)
-        self._api = api
-        compiling, cuda_capturing = _timing.capture_checks(use_cuda)
-        if _events is not None:
-            compiling, cuda_capturing = None, getattr(_events, "capture_check", None)
-        self._compiling: Callable[[], bool] = compiling if (compiling is not None and use_c) else _never
-        self._hot_state = HotState(
-            core=self._core, errors=self._errors,
-            local=ThreadSteps(native.LastEnd if native is not None and use_c else LastEnd,
-                              self._core if use_c else self._pool),
-            clock=None if use_c and self._clock is time.perf_counter_ns and sys.platform.startswith("linux")
-            else self._clock,
-            capturing=(cuda_capturing if use_c or _events is not None else _timing.capture_check(use_cuda))
-            if self._enabled else None,
-            is_capturing_fn=addresses.is_capturing if (use_c and addresses is not None
-                                                        and cuda_capturing is not None) else 0,
-            stream=api.make_stream() if api is not None else None,
-            record_on=api.make_record_on() if api is not None else None,
-            record_fn=addresses.record if use_c and addresses is not None else 0,
-            raise_for=api.raise_for if api is not None else None,
-            ensure_context=getattr(api, "ensure_context", None),
-            pool=self._pool, nvtx_on=nv.backend != "none", nvtx_push=nv.push, nvtx_pop=nv.pop,
-            chain_gap_ns=int(cfg.chain_gap_us * 1000), every=cfg.timing_every, strict=cfg.strict,
-        )
-        self._hot: Any = None
-        self._bind_hot()
-
-        self._warn_missing()
+        self._steps = assembly.StepMaker(self._hot_state, self.hot_path, self._enabled, self._compiling,
+                                         self._errors, cfg.strict)
         if self._enabled:
             from perfsdk.collector import Collector
 
+            assembly.warn_missing(self.model, self.hardware)
             self._core.start()
             self._collector = Collector(
-                self._core, self._requests, sinks, self._errors, model=self.model_name, operation=self.operation,
-                epoch_offset_ns=self._epoch_offset_ns, export_interval=cfg.export_interval, untimed=self._untimed,
-            )
+                self._core, self._requests, parts.sinks, self._errors, model=self.model_name,
+                operation=self.operation, epoch_offset_ns=self._epoch_offset_ns,
+                export_interval=cfg.export_interval, untimed=lambda: self._steps.untimed)
             self._collector.start()
-        port = env("PERFSDK_METRICS_PORT")
-        if port is not None and self._enabled:
-            from perfsdk.config import _int
-
-            base = _int("PERFSDK_METRICS_PORT (environment)", port, 0, 65535)
-            self.serve_metrics(port=_rank_port(base), addr=cfg.metrics_addr)
-
-    # ---- construction helpers ----------------------------------------
-    def _default_compute_dtype(self) -> str:
-        dt = self.model.dtype if self.model is not None else "bfloat16"
-        return "bf16" if dt.startswith(("int", "uint", "fp4", "nvfp4", "mxfp4")) or "byte" in dt else dt
-
-    def _warn_missing(self) -> None:
-        missing = []
-        if self.model is None:
-            missing.append("model=perfsdk.ModelSpec.named(...) or ModelSpec.from_hf_config(config)")
-        if self.hardware is None:
-            missing.append("hardware='h100-sxm' (a datasheet name), a HardwareSpec, or 'calibrate' "
-                           "(no GPU was detected)")
-        if missing and self._enabled:
-            log.warning("perfsdk: MBU/MFU are off until you pass %s. Latency metrics work without them.",
-                        " and ".join(missing))
-        if self.model is not None and not self.model.has_attention_shape:
-            log.warning("perfsdk: model %s has no layers/kv_heads/head_dim: KV-cache bytes and attention "
-                        "FLOPs are left out of MBU/MFU", self.model.name or "(unnamed)")
+            if cfg.metrics_port is not None:  # PERFSDK_METRICS_PORT, validated with the other settings
+                self.serve_metrics(port=assembly.rank_port(cfg.metrics_port), addr=cfg.metrics_addr)
 
     def _bind_hot(self) -> None:
-        """Bind the hot path to the current :class:`HotState` (the constructor; tests that swap a part)."""
-        st = self._hot_state
-        st.window = self._window
-        st.decorate = functools.partial(decorate, self._new_step, self._compiling, self._errors)
-        st.slow_step = self._slow_step
-        if self._hot is not None and self.hot_path == "c":
-            st.untimed += self._hot.untimed  # keep what the previous binding counted
-        if not self._enabled:
-            self._hot = None
-            self._step: Callable[..., Any] = _no_step
-        elif self.hot_path == "c":
-            native = load_native()
-            self._hot = native.Hot(st)
-            self._step = self._hot.step
-        else:
-            self._hot = st
-            self._step = self._python_step
-
-    def _new_step(self, phase: str, batch: Any, tokens: Any, ctx: Any, seq_lens: Any) -> Any:
-        return self._step(phase, batch, tokens, ctx, seq_lens)
-
-    def _python_step(self, phase: str, batch: Any, tokens: Any, ctx: Any, seq_lens: Any) -> Step:
-        try:
-            return Step(self._hot_state, phase, batch, tokens, ctx, seq_lens)
-        except ConfigError as e:
-            return self._refused(phase, e)
-
-    def _slow_step(self, phase: str, batch: Any, tokens: Any, ctx: Any, seq_lens: Any) -> Any:
-        """The C path's constructor for sizes that are not plain ints: validated here, as Step does."""
-        try:
-            b, t, c, lens, dynamic = check_sizes(phase, batch, tokens, ctx, seq_lens)
-        except ConfigError as e:
-            return self._refused(phase, e)
-        if dynamic:
-            return Step(self._hot_state, phase, batch, tokens, ctx, seq_lens)  # a decorator only
-        return load_native().make_step(self._hot, phase, b, None if t < 0 else t, c, lens)
-
-    def _refused(self, phase: str, e: ConfigError) -> Step:
-        """A step with a bad size: strict raises; otherwise it runs unrecorded, counted and logged once."""
-        if self.config.strict:
-            raise e
-        self._errors.record(e, f"{phase}() sizes")
-        return NoStep(phase)
+        """Bind the hot path to the current :class:`~perfsdk.hotpath.HotState` (tests that swap a part of it)."""
+        self._hot_state.window = self._window
+        self._steps.bind()
+        if self.hot_path == "c" and self._steps.hot is not None:
+            self._steps.hot.window = self._window
 
     def _reserve_events(self, n: int) -> None:
         """Make events now until *n* are free (benchmarks that hold the core back: nothing comes back)."""
@@ -425,12 +241,6 @@ class Monitor:
             self._core.reserve(n)
         elif self._pool is not None:
             self._pool.reserve(n)
-
-    def _untimed(self) -> int:
-        n = self._hot_state.untimed
-        if self.hot_path == "c" and self._hot is not None:
-            n += self._hot.untimed
-        return n
 
     # ---- the serving thread's API -----------------------------------------------------------------
     def request(self, prompt_tokens: int = 0, *, operation: str | None = None, request_id: str | None = None,
@@ -466,14 +276,14 @@ class Monitor:
         """
         if self._compiling():  # torch.compile traces this call: a no-op step there
             return NoStep("prefill")
-        return self._step("prefill", batch, tokens, cached_tokens, seq_lens)  # type: ignore[no-any-return]
+        return self._steps.make("prefill", batch, tokens, cached_tokens, seq_lens)  # type: ignore[no-any-return]
 
     def decode(self, batch: int | Callable[..., int] = 1,
                context_tokens: int | Callable[..., int] = 0) -> Step:
         """One decode step: *batch* sequences, *context_tokens* = the sum of their context lengths."""
         if self._compiling():  # torch.compile traces this call: a no-op step there
             return NoStep("decode")
-        return self._step("decode", batch, None, context_tokens, None)  # type: ignore[no-any-return]
+        return self._steps.make("decode", batch, None, context_tokens, None)  # type: ignore[no-any-return]
 
     def mixed(self, prefill_seq_lens: Sequence[int] | Callable[..., Sequence[int]] = (),
               decode_batch: int | Callable[..., int] = 0,
@@ -482,7 +292,8 @@ class Monitor:
         sequences decoding over *context_tokens* context tokens in all. Reports MBU and MFU."""
         if self._compiling():  # torch.compile traces this call: a no-op step there
             return NoStep("mixed")
-        return self._step("mixed", decode_batch, None, context_tokens, prefill_seq_lens)  # type: ignore[no-any-return]
+        return self._steps.make(  # type: ignore[no-any-return]
+            "mixed", decode_batch, None, context_tokens, prefill_seq_lens)
 
     # ---- values measured elsewhere ----------------------------------------
     # For engines that time themselves (perfsdk.engines): the values go through the same core, collector,
@@ -609,21 +420,23 @@ class Monitor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def serve_metrics(self, port: int = 9400, addr: str = "127.0.0.1", *, token: str | None = None) -> MetricsServer:
+    def serve_metrics(self, port: int | None = None, addr: str = "127.0.0.1", *,
+                      token: str | None = None) -> MetricsServer:
         """Serve ``GET /metrics`` (and ``POST /profile``, a profiler-window trigger) on a daemon thread.
 
-        Binding anywhere but loopback requires *token* for the trigger (``Authorization: Bearer …``).
-        Called again it returns the running server, if it serves the same port and address (else
-        :class:`~perfsdk.errors.ConfigError`: one server per Monitor).
+        *port*: default 9400; 0 picks a free one. Binding anywhere but loopback requires *token* for the
+        trigger (``Authorization: Bearer …``). Called again it returns the running server (one per Monitor);
+        asking for another port or address then is a :class:`~perfsdk.errors.ConfigError`.
         """
         from perfsdk.metrics_server import MetricsServer
 
         if self._server is not None:
-            if (port not in (0, self._server.port) or addr != self._server.addr):
+            if port not in (None, 0, self._server.port) or addr != self._server.addr:
                 raise ConfigError(f"serve_metrics: this Monitor already serves {self._server.url}; "
                                   f"close it first to serve {addr}:{port}")
             return self._server
-        self._server = MetricsServer(self, port=port, addr=addr, token=token, errors=self._errors)
+        self._server = MetricsServer(self, port=9400 if port is None else port, addr=addr, token=token,
+                                     errors=self._errors)
         return self._server
 
     def stats(self) -> dict[str, Any]:
@@ -666,8 +479,8 @@ class Monitor:
 
     def _set_window(self, w: Any) -> None:
         self._hot_state.window = w
-        if self.hot_path == "c" and self._hot is not None:
-            self._hot.window = w  # the C hot path's copy
+        if self.hot_path == "c" and self._steps.hot is not None:
+            self._steps.hot.window = w  # the C hot path's copy
         if self._collector is not None:
             self._collector.window = w
         self._core.feed_window = w is not None
@@ -687,39 +500,7 @@ class Monitor:
         (GPU busy and communication fractions of the last capture), the rank."""
         prom = self._prom
         return (self._errors, prom.set_profile if prom is not None else None,
-                self._extra_label_values[0] if self._extra_label_values else "0")
-
-
-def _never() -> bool:
-    return False
-
-
-def _no_step(phase: str, *_: Any) -> Step:
-    return NoStep(phase)
-
-
-def _resolve_model(model: Any) -> ModelSpec | None:
-    if model is None or isinstance(model, ModelSpec):
-        return model
-    if isinstance(model, str):
-        return ModelSpec.named(model)
-    if isinstance(model, Mapping) or hasattr(model, "to_dict"):
-        return ModelSpec.from_hf_config(model)
-    raise ConfigError(
-        f"model: expected a ModelSpec, a known model name or a Hugging Face config, got {type(model).__name__}"
-    )
-
-
-def _resolve_hardware(hardware: Any) -> HardwareSpec | None:
-    from perfsdk import hardware as hw
-
-    if isinstance(hardware, str) and hardware.lower() == "auto":
-        try:
-            return hw.resolve("auto")
-        except Exception as e:  # an unknown GPU is not a reason to refuse to monitor
-            log.warning("perfsdk: could not map this GPU to a datasheet row (%s); MBU/MFU off", e)
-            return None
-    return hw.resolve(hardware)
+                self._rank_label[0] if self._rank_label else "0")
 
 
 def _seconds(values: Any) -> tuple[float, ...]:
@@ -731,38 +512,6 @@ def _seconds(values: Any) -> tuple[float, ...]:
     except TypeError:
         raise ConfigError(f"expected a sequence of seconds, got {values!r}") from None
     return tuple(f for f in map(finite_seconds, items) if f is not None)
-
-
-def _rank_port(port: int) -> int:
-    """``PERFSDK_METRICS_PORT`` for this process: the base port plus ``LOCAL_RANK`` (torchrun's local rank).
-
-    Every rank of a host gets its own /metrics port (one scrape target per rank: a rank that dies shows as
-    a target down), from one setting shared by all ranks. Port 0 (any free port) stays 0.
-    """
-    import os
-
-    local = os.environ.get("LOCAL_RANK", "")
-    return port + int(local) if port and local.isdigit() else port
-
-
-def _detect_rank(rank: int | str | None) -> int | None:
-    if rank is None or rank == "none":
-        return None
-    if isinstance(rank, int):
-        return rank
-    import os
-
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            return int(dist.get_rank())
-    except Exception:
-        pass
-    world = os.environ.get("WORLD_SIZE")
-    if world and world.isdigit() and int(world) > 1:
-        rank_env = os.environ.get("RANK", "0") or "0"
-        return int(rank_env) if rank_env.isdigit() else None
-    return None
 
 
 def _register_native_step() -> None:

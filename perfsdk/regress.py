@@ -158,6 +158,13 @@ def parse_gate(text: str) -> tuple[str, float]:
 def check(baseline: BenchResult, run: BenchResult, *, tolerance: float = 0.10, min_delta_ms: float = 1.0,
           gates: dict[str, float | None] | None = None) -> RegressionReport:
     """Compare *run* with *baseline* on the gated numbers (default :data:`DEFAULT_GATES`)."""
+    if isinstance(min_delta_ms, bool) or not isinstance(min_delta_ms, (int, float)) or not (
+        math.isfinite(min_delta_ms) and min_delta_ms >= 0
+    ):  # NaN would compare False and pass every gate; inf would make no latency ever fail
+        raise ConfigError(f"min_delta_ms (--min-delta-ms): must be a finite number of ms >= 0, got {min_delta_ms!r}")
+    for name, tol in (("tolerance", tolerance), *(((f"gate {m!r}"), t) for m, t in (gates or {}).items())):
+        if tol is not None and not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol >= 0):
+            raise ConfigError(f"{name}: a tolerance must be a finite fraction >= 0, got {tol!r}")
     if not baseline.summary or not run.summary:
         raise ConfigError("regress: both runs need a summary (files written by `perfsdk bench serve --save-result`)")
     wanted = dict(DEFAULT_GATES) if gates is None else dict(gates)

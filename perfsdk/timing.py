@@ -32,10 +32,10 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
-__all__ = ["DriverAddresses", "EventApi", "EventPool", "TorchEvents", "capture_check", "capture_checks",
-           "cuda_usable", "event_api", "make_recorder"]
+__all__ = ["EventApi", "EventPool", "TorchEvents", "capture_check", "capture_checks",
+           "cuda_usable", "event_api"]
 
 
 def cuda_usable(force: bool = False) -> bool:
@@ -105,42 +105,6 @@ def _never() -> bool:
     return False
 
 
-def make_recorder() -> Callable[[Any], None]:
-    """``record(event)`` of a ``torch.cuda.Event`` on the current stream (:class:`TorchEvents`' path).
-
-    ``torch.cuda.Event.record()`` builds a Python ``Stream`` object on every call
-    (several µs on a slow host); this reads the current stream's raw handle and
-    maps it to a cached ``Stream``.
-    """
-    api = TorchEvents()
-    stream, record_on = api.make_stream(), api.make_record_on()
-
-    def record(event: Any) -> None:
-        record_on(event, stream())
-
-    return record
-
-
-class DriverAddresses(NamedTuple):
-    """The driver functions the C hot path and step core call directly (addresses; 0 where absent).
-
-    Signatures are libcuda's: ``cuEventRecord(event, stream)``, ``cuStreamIsCapturing(stream, int*)``,
-    ``cuEventQuery(event)``, ``cuEventSynchronize(event)``, ``cuEventElapsedTime(float*, start, end)``,
-    ``cuCtxSetCurrent(ctx)`` and ``cuThreadExchangeStreamCaptureMode(int*)``; events and streams are the
-    handles :meth:`EventApi.new` and the stream call return. A scripted GPU in the tests provides the same
-    through ctypes callbacks.
-    """
-
-    record: int
-    is_capturing: int
-    query: int
-    synchronize: int
-    elapsed: int
-    ctx_set_current: int
-    context: int
-    exchange_capture_mode: int
-
-
 class EventApi(Protocol):
     """What the Monitor (hot path) and the collector need from a kind of CUDA event."""
 
@@ -148,7 +112,6 @@ class EventApi(Protocol):
 
     def new(self) -> Any: ...
     def destroy(self, ev: Any) -> None: ...
-    def make_record(self) -> Callable[[Any], None]: ...
     def make_stream(self) -> Callable[[], int]: ...
     def make_record_on(self) -> Callable[[Any, int], Any]: ...
     def raise_for(self, code: int) -> None: ...
@@ -174,9 +137,6 @@ class TorchEvents:
 
     def destroy(self, ev: Any) -> None:
         pass  # freed with the object
-
-    def make_record(self) -> Callable[[Any], None]:
-        return make_recorder()
 
     def make_stream(self) -> Callable[[], int]:
         """``() -> handle`` of the calling thread's current stream."""
@@ -221,7 +181,9 @@ class TorchEvents:
         return float(start.elapsed_time(end)) / 1e3
 
     def thread_setup(self) -> None:
-        _relax_capture_mode()
+        from perfsdk.cuda_driver import relax_capture_mode
+
+        relax_capture_mode()
 
     def close(self) -> None:
         pass
@@ -256,24 +218,6 @@ def _torch_raw_stream_calls() -> bool:
     import torch
 
     return hasattr(torch._C, "_cuda_getCurrentRawStream") and hasattr(torch._C, "_CudaEventBase")
-
-
-def _relax_capture_mode() -> None:
-    """Put this (collector) thread in CUDA's *relaxed* stream-capture mode.
-
-    While another thread captures a CUDA graph in the default global mode, "potentially unsafe" calls
-    from any other thread — ``cudaEventQuery`` and ``cudaEventSynchronize`` among them — invalidate the
-    capture. The collector makes exactly those calls, so it opts out, as PyTorch's NCCL watchdog thread
-    does. Through the driver API (one libcuda per process, whichever runtime torch links).
-    """
-    try:
-        import ctypes
-
-        libcuda = ctypes.CDLL("libcuda.so.1")
-        mode = ctypes.c_int(2)  # CU_STREAM_CAPTURE_MODE_RELAXED
-        libcuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
-    except Exception:  # no driver library here (a CPU box, another platform): nothing to relax
-        pass
 
 
 class EventPool:

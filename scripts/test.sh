@@ -19,7 +19,7 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   fi
 fi
 
-perfsdk_venv "dev,demo,otel,nvtx,bench,sglang"
+perfsdk_venv "dev,demo,otel,nvtx,bench,sglang,analyze"
 
 echo "== ruff"
 "$PY" -m ruff check .

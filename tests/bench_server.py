@@ -13,6 +13,18 @@ thread can talk to it over real HTTP. Each request's behaviour comes from
 ``error_event``  one token, then ``data: {"error": {...}}``
 ``stall``        one token, then silence until the client goes away (or ``stall_s``)
 
+Hostile responses (each must cost one failed request, never the run):
+
+``deep``           one token, then ``data: [[[…]]]`` nested 100,000 deep
+``deep_error``     one token, then an error event whose message is nested 50,000 deep
+``long_line``      one token, then one ``data:`` line of 1 MiB
+``huge_usage``     every token, then ``usage.completion_tokens`` with 401 digits
+``negative_usage`` every token, then ``usage.completion_tokens: -5``
+``giant_event``    one token, then one event of 17 MiB of valid JSON over many ``data:`` lines
+``escape_error``   one token, then an error message with a terminal escape and a lone surrogate
+``rot13_500``      HTTP 500 whose Content-Type declares ``charset=rot13`` (not a text codec)
+``huge_500``       HTTP 500 with a 64 MiB body
+
 The server counts requests, the requests in flight (and the maximum), and how
 many clients disconnected while it was still streaming to them.
 """
@@ -29,7 +41,24 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["FakeOpenAIServer", "unused_port"]
+__all__ = ["HOSTILE", "FakeOpenAIServer", "unused_port"]
+
+_DEPTH = 100_000  # far beyond the interpreter's recursion limit (1,000)
+
+#: Raw ``data:`` payloads of the hostile stream behaviours, sent after one good token (the ``*_usage``
+#: ones after every token, in place of the usage event).
+HOSTILE: dict[str, list[str]] = {
+    "deep": ["[" * _DEPTH + "]" * _DEPTH],
+    "deep_error": ['{"error": {"message": ' + '{"m": ' * (_DEPTH // 2) + "1" + "}" * (_DEPTH // 2) + "}}"],
+    # one line of 1 MiB: beyond aiohttp's 512 KiB line limit, which raises its own LineTooLong
+    "long_line": ['{"choices": [{"index": 0, "text": "' + "x" * 2**20 + '"}]}'],
+    "huge_usage": ['{"choices": [], "usage": {"prompt_tokens": 16, "completion_tokens": 1' + "0" * 400 + "}}"],
+    "negative_usage": ['{"choices": [], "usage": {"prompt_tokens": 16, "completion_tokens": -5}}'],
+    # 17 MiB of valid JSON, the newlines between array items splitting it into data: lines
+    "giant_event": ['{"choices": [{"index": 0, "text": "x"}], "pad": [' + ("0," * 2048 + "\n") * (17 * 2**20 // 4097)
+                    + "0]}"],
+    "escape_error": ['{"error": {"message": "bad\\u001b[2J\\ud800 thing"}}'],
+}
 
 
 def unused_port() -> int:
@@ -144,6 +173,11 @@ class FakeOpenAIServer:
     ) -> web.StreamResponse:
         if behaviour == "http500":
             return web.json_response({"error": {"message": "engine exploded", "code": 500}}, status=500)
+        if behaviour == "rot13_500":
+            rot13 = {"Content-Type": "text/plain; charset=rot13"}  # a codec, but not a text encoding
+            return web.Response(status=500, body=b"engine exploded", headers=rot13)
+        if behaviour == "huge_500":
+            return web.Response(status=500, body=b"engine exploded " + b"x" * (64 * 2**20), content_type="text/plain")
         max_tokens = int(body.get("max_tokens", 16))
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]
         rid = f"cmpl-{self.requests}"
@@ -152,7 +186,8 @@ class FakeOpenAIServer:
 
         async def send(obj: Any) -> None:
             data = obj if isinstance(obj, str) else json.dumps(obj)
-            await resp.write(f"data: {data}\n\n".encode())
+            # a payload with newlines is one event over several data: lines, as SSE defines it
+            await resp.write(("data: " + data.replace("\n", "\ndata: ") + "\n\n").encode())
 
         def chunk(text: str) -> dict[str, Any]:
             if chat:
@@ -181,8 +216,16 @@ class FakeOpenAIServer:
             if behaviour == "stall" and i == 1:
                 await self._wait_gone(request, self.stall_s)
                 return resp
+            if behaviour in HOSTILE and not behaviour.endswith("_usage") and i == 1:
+                for data in HOSTILE[behaviour]:
+                    await send(data)
+                await self._wait_gone(request, 5.0)  # the client must hang up on it
+                return resp
             await send(chunk("ab"[i % 2]))
-        if self.send_usage and (body.get("stream_options") or {}).get("include_usage"):
+        if behaviour.endswith("_usage"):
+            for data in HOSTILE[behaviour]:
+                await send(data)
+        elif self.send_usage and (body.get("stream_options") or {}).get("include_usage"):
             n_prompt = len(prompt.encode())
             usage = {"prompt_tokens": n_prompt, "completion_tokens": max_tokens}
             await send({"id": rid, "choices": [], "usage": {**usage, "total_tokens": n_prompt + max_tokens}})

@@ -15,7 +15,7 @@ import struct
 import threading
 from typing import Any
 
-from perfsdk.timing import DriverAddresses
+from perfsdk.cuda_driver import DriverAddresses
 
 CUDA_ERROR_INVALID_CONTEXT = 201
 CUDA_ERROR_NOT_READY = 600
@@ -98,9 +98,6 @@ class FakeGpu:
 
     def thread_setup(self) -> None:
         pass
-
-    def make_record(self) -> Any:
-        raise NotImplementedError
 
     def close(self) -> None:
         pass

@@ -68,6 +68,10 @@ def test_serve_exits_1_when_every_request_fails(capsys: pytest.CaptureFixture[st
         ("--input-len", "uniform:9-1", "input_len"),
         ("--goodput", "itl:5", "goodput"),
         ("--num-prompts", "0", "num_prompts"),
+        ("--timeout", "inf", "timeout_s"),  # was an OverflowError traceback from aiohttp
+        ("--temperature", "inf", "temperature"),
+        ("--input-len", "normal:nan,5", "input_len"),  # was a ValueError traceback while drawing lengths
+        ("--output-len", "1" + "0" * 400, "output_len"),  # was an OverflowError traceback
     ],
 )
 def test_bad_flags_are_config_errors(flag: str, value: str, field: str, capsys: pytest.CaptureFixture[str]) -> None:

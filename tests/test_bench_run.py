@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
-from bench_server import FakeOpenAIServer, unused_port
+from bench_server import HOSTILE, FakeOpenAIServer, unused_port
 
 from perfsdk.bench import BenchConfig, BenchResult, benchmark
 from perfsdk.bench.compare import compare_results, config_diff, format_comparison
@@ -206,3 +206,52 @@ def test_result_json_round_trip_compare_and_plot(tmp_path: Path) -> None:
     assert "request_rate" in text
     assert "TTFT P99 (ms)" in text
     assert math.isfinite(rows["TTFT mean (ms)"].relative or 0.0)
+
+
+# what each hostile response of tests/bench_server.py must be counted as
+HOSTILE_REASONS = {
+    "deep": ("malformed_event", "nested too deeply"),
+    "deep_error": ("malformed_event", "nested too deeply"),
+    "long_line": ("malformed_event", "longer than"),
+    "huge_usage": ("malformed_event", "usage.completion_tokens is not a token count"),
+    "negative_usage": ("malformed_event", "usage.completion_tokens is not a token count"),
+    "giant_event": ("malformed_event", "beyond 16 MiB"),
+    "escape_error": ("error_event", "bad\\x1b[2J\\ud800 thing"),
+    "rot13_500": ("http_500", "engine exploded"),
+    "huge_500": ("http_500", "engine exploded"),
+}
+
+
+def test_hostile_responses_each_cost_one_request_never_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # before: the 100,000-deep event raised RecursionError out of the run (exit 1, nothing saved), the
+    # 401-digit usage an OverflowError in the summary, the rot13 charset a LookupError; the lone
+    # surrogate could not be printed and the escape cleared the terminal
+    from perfsdk.cli import main
+
+    assert set(HOSTILE) < set(HOSTILE_REASONS)  # every hostile stream of the server is exercised
+    plan = ["ok", *HOSTILE_REASONS, "ok"]
+    out = tmp_path / "run.json"
+    with FakeOpenAIServer(plan) as srv:
+        rc = main(["bench", "serve", "--base-url", srv.url, "--model", "fake", "--num-prompts", str(len(plan)),
+                   "--input-len", "16", "--output-len", "6", "--max-concurrency", "1", "--timeout", "20",
+                   "--no-progress", "--save-result", str(out)])
+        # the client hung up on each stream it gave up on before the end (the usage ones had ended)
+        assert srv.wait_for_disconnects(5) == 5
+    printed = capsys.readouterr().out
+    assert rc == 0
+    assert "Failed requests" in printed and "\x1b" not in printed
+    result = BenchResult.load(out)
+    s = result.summary
+    assert s["completed"] == 2
+    assert s["failures"] == {"malformed_event": 6, "error_event": 1, "http_500": 2}, s["failure_examples"]
+    assert s["total_output_tokens"] == 12  # the absurd usage counts never reached the totals
+    # one request at a time: records in index order met the plan in order
+    by_behaviour = dict(zip(srv.behaviours, sorted(result.records, key=lambda r: r.index), strict=True))
+    for behaviour, (reason, words) in HOSTILE_REASONS.items():
+        rec = by_behaviour[behaviour]
+        assert (rec.error, behaviour) == (reason, behaviour)
+        assert rec.error_detail is not None and words in rec.error_detail, (behaviour, rec.error_detail)
+        assert len(rec.error_detail) < 400 and rec.error_detail.isprintable()
+        rec.error_detail.encode("utf-8")  # a lone surrogate would raise here, and when printed

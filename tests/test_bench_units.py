@@ -103,11 +103,24 @@ def _cfg(**kw: object) -> BenchConfig:
         ("percentiles", (0.0,)),
         ("percentiles", (101.0,)),
         ("timeout_s", 0),
+        # non-finite or out-of-range numbers that used to be accepted and crashed (or hung) the run
+        ("timeout_s", math.inf),  # aiohttp: OverflowError arming the connect timeout
+        ("timeout_s", True),
+        ("temperature", math.inf),  # sent as the invalid JSON token Infinity
+        ("request_rate", 5e-324),  # gaps of inf seconds: the run never ends
+        ("request_rate", 1e-300),  # with burstiness 1e-300 below: rate x burstiness underflows to 0
+        ("input_len", "normal:nan,5"),  # round(nan) raised while drawing lengths
+        ("input_len", "normal:100,inf"),
+        pytest.param("output_len", 10**400, id="output_len-10**400"),  # float() of it raised OverflowError
+        pytest.param("output_len", "1" + "0" * 400, id="output_len-'1e400'"),
+        ("input_len", "uniform:1-100000000000000000000"),  # prompts built in memory: never finishes
+        ("input_len", "1000000000000"),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
+    extra = {"burstiness": 1e-300} if value == 1e-300 else {}
     with pytest.raises(ConfigError, match=rf"^{field}"):
-        _cfg(**{field: value})
+        _cfg(**{field: value}, **extra)
 
 
 def test_config_normalises_inputs() -> None:

@@ -73,3 +73,41 @@ def test_named_moe_with_other_bytes_per_param_keeps_active_parameters(capsys: py
 def test_heads_override_keeps_the_models_kv_heads(capsys: pytest.CaptureFixture[str]) -> None:
     r = run_json(capsys, "--model", "llama-3-8b", "--heads", "32", "--bandwidth-tb-s", "2", "--ctx", "10")
     assert r["kv_bytes_per_token"] == 131_072  # still 8 KV heads
+
+
+_BASE = ["--params", "7B", "--layers", "32", "--heads", "32", "--kv-heads", "8", "--head-dim", "128", "--ctx", "100",
+         "--gpu", "h100-sxm"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # a peak divides every floor: 0 and inf divided by zero, -1 printed a negative floor, nan printed NaN
+        (["--bandwidth-tb-s", "0"], "bandwidth-tb-s: must be a positive, finite number"),
+        (["--bandwidth-tb-s", "inf"], "bandwidth-tb-s: must be a positive, finite number"),
+        (["--bandwidth-tb-s", "-1"], "bandwidth-tb-s: must be a positive, finite number"),
+        (["--bandwidth-tb-s", "nan"], "bandwidth-tb-s: must be a positive, finite number"),
+        (["--tflops", "-1"], "tflops: must be a positive, finite number"),
+        (["--tflops", "0"], "tflops: must be a positive, finite number"),  # silently dropped the prefill floor
+        (["--tflops", "nan"], "tflops: must be a positive, finite number"),
+        (["--measured-ms", "nan"], "measured-ms: must be a positive, finite number"),
+        (["--measured-ms", "inf"], "measured-ms: must be a positive, finite number"),
+        # finite inputs whose figures leave the float range: an OverflowError traceback, or an inf floor
+        (["--ctx", "1" + "0" * 400], "overflow"),
+        (["--batch", "1" + "0" * 320], "overflow"),
+        (["--bandwidth-tb-s", "1e-320"], "overflow"),
+    ],
+)
+def test_peaks_and_sizes_out_of_range_are_refused(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(["floor", *_BASE, *args]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert captured.out == ""  # no table with a negative or NaN floor
+
+
+def test_a_huge_batch_is_computed_without_a_list_per_sequence(capsys: pytest.CaptureFixture[str]) -> None:
+    one = run_json(capsys, *_BASE, "--batch", "1")
+    many = run_json(capsys, *_BASE, "--batch", str(10**12))  # a list of 10**12 lengths would not fit in memory
+    assert many["prefill_flops"] == pytest.approx(one["prefill_flops"] * 10**12, rel=1e-12)

@@ -404,3 +404,17 @@ def test_cli_hardware(capsys: pytest.CaptureFixture[str]) -> None:
     assert row["memory_bandwidth"] == 4.8e12
     assert main(["hardware", "h100-sxn"]) == 2
     assert "h100-sxm" in capsys.readouterr().err
+
+
+def test_cli_calibrate_refuses_a_buffer_larger_than_the_device(
+    cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 1 EiB: refused by the check, before any allocation (it was a raw RuntimeError traceback from torch)
+    assert main(["calibrate", "--device", "cpu", "--no-cache", "--size-mb", str(2**40)]) == 2
+    assert "size_mb: the copy needs" in capsys.readouterr().err
+    assert not list(cache_dir.iterdir())
+
+
+def test_cli_hardware_empty_name_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hardware", ""]) == 2  # printed the whole table, exit 0
+    assert "unknown part" in capsys.readouterr().err

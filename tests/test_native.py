@@ -103,7 +103,7 @@ def test_no_reference_is_leaked_or_lost() -> None:
         pool = wire(h, gpu, capacity=64)
         mon = h.monitor
         seq_lens = [3, 4]
-        parts = (mon._core, mon._hot, mon._hot_state, gpu)
+        parts = (mon._core, mon._steps.hot, mon._hot_state, gpu)
 
         def run(n: int) -> None:
             for i in range(n):
@@ -213,17 +213,17 @@ def test_odd_writes_to_the_c_state_do_not_crash() -> None:
         gpu = FakeGpu()
         wire(h, gpu)
         mon = h.monitor
-        del mon._hot.window  # a member set to NULL
+        del mon._steps.hot.window  # a member set to NULL
         with mon.decode(batch=1):
             pass
-        mon._hot.window = None
+        mon._steps.hot.window = None
         with mon.decode(batch=1):
             pass
         mon._hot_state.local.h.ev = None  # "none held", written from Python
         with mon.decode(batch=1):
             pass
         with pytest.raises(KeyError):  # not a phase name: refused by the validating path
-            mon._hot.step(b"decode", 1, None, 0, None)
+            mon._steps.hot.step(b"decode", 1, None, 0, None)
         assert mon.flush(5)
         assert h.count(STEP, phase="decode") == 3
         assert mon.stats()["internal_errors"] == 0

@@ -107,3 +107,13 @@ def test_tolerances_and_gates_parse_or_say_why_not() -> None:
         parse_tolerance("-5%")
     with pytest.raises(ConfigError, match="--gate"):
         parse_gate("TTFT P99 (ms)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_min_delta_must_be_a_finite_number(runs: dict[str, Path], value: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # NaN compares False and passed every gate (exit 0 on any run); inf made no latency ever fail
+    rc = main(["regress", "check", str(runs["slow"]), "--baseline", str(runs["base"]), "--min-delta-ms", value])
+    assert rc == 2
+    assert "--min-delta-ms" in capsys.readouterr().err

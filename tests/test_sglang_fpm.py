@@ -121,3 +121,14 @@ def test_the_model_comes_from_a_name_or_a_config(tmp_path: Any) -> None:
         "vocab_size": 32000}))
     spec = load_model(str(tmp_path), tp=2)
     assert spec.tp == 2 and spec.layers == 4
+
+
+@pytest.mark.parametrize("duration", ["nan", "-1", "0", "inf"])  # inf: use no --duration
+def test_cli_duration_must_be_positive_and_finite(duration: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # before: nan, 0 and -1 stopped at once with exit 0, having watched nothing
+    from perfsdk.cli import main
+
+    args = ["sglang", "--fpm", "ipc:///tmp/perfsdk-test-unused", "--model", "llama-3-8b", "--hardware", "h200",
+            "--port", "0", "--duration", duration]
+    assert main(args) == 2
+    assert "--duration" in capsys.readouterr().err

@@ -404,6 +404,50 @@ def test_sigusr2_triggers_and_close_restores_the_old_handler(mon: perfsdk.Monito
         signal.signal(signal.SIGUSR2, old)
 
 
+def test_enabling_twice_then_closing_puts_the_process_handler_back(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    # before: the second window remembered the first one's handler and put it back on close, so a
+    # perfsdk handler stayed installed for the life of the process
+    def previous(signum: int, frame: Any) -> None:
+        pass
+
+    old = signal.signal(signal.SIGUSR2, previous)
+    try:
+        mon.enable_profiler(directory=tmp_path, min_free_mb=0, signal=True)
+        second = mon.enable_profiler(directory=tmp_path, min_free_mb=0, signal=True)  # closes the first
+        assert signal.getsignal(signal.SIGUSR2) is not previous
+        second.close()
+        assert signal.getsignal(signal.SIGUSR2) is previous
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+
+
+_NO_OPT_IN = """
+import os, signal, sys, time
+import perfsdk
+assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+mon = perfsdk.Monitor(otel=False, nvtx=False)
+mon.serve_metrics(port=0)
+mon.enable_profiler(directory=sys.argv[1], min_free_mb=0)   # every trigger but the signal
+mon.profile()
+with mon.decode(batch=1):
+    pass
+print("default" if signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL else "installed", flush=True)
+os.kill(os.getpid(), signal.SIGUSR2)
+time.sleep(10)
+print("survived", flush=True)
+"""
+
+
+def test_a_process_that_did_not_opt_in_keeps_the_default_sigusr2(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _NO_OPT_IN, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, check=False)  # it is meant to die of the signal
+    assert proc.stdout.split() == ["default"], proc.stderr
+    assert proc.returncode == -signal.SIGUSR2  # the default action, as without perfsdk
+
+
 def test_signal_handler_only_from_the_main_thread(mon: perfsdk.Monitor, tmp_path: Path) -> None:
     errors: list[BaseException] = []
 

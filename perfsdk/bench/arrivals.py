@@ -46,7 +46,10 @@ def inter_arrival_gaps(n: int, *, rate: float, burstiness: float = 1.0, seed: in
         return [1.0 / rate] * n
     # a dedicated stream so that changing the length distributions never moves the arrivals
     rng = random.Random(None if seed is None else f"perfsdk.bench.arrivals:{seed}")
-    scale = 1.0 / (rate * burstiness)
+    per_s = rate * burstiness
+    if per_s == 0 or not math.isfinite(1.0 / per_s):  # underflow: no finite gap to draw
+        raise ConfigError(f"request_rate: {rate!r} with burstiness {burstiness!r} gives no finite arrival gap")
+    scale = 1.0 / per_s
     return [rng.gammavariate(burstiness, scale) for _ in range(n)]
 
 

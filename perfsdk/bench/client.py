@@ -9,6 +9,15 @@ event that is not JSON, a stream that stops before ``[DONE]``, an error event
 or a timeout is recorded as the request's ``error`` (see ``records.py`` for the
 reason keys). Only cancellation propagates, after being recorded.
 
+Whatever the server sends, one response can cost at most one failed request:
+events nested deeper than the JSON parser's recursion limit, events larger
+than :data:`MAX_EVENT_BYTES`, ``usage`` counts that are not plausible token
+counts (negative, or beyond 2**53) and error bodies in undecodable charsets are
+``malformed_event`` or ``http_<status>`` failures; server text quoted in a
+failure's detail is clipped and has control characters escaped, so it cannot
+break the report or the terminal. Anything else the client raises is a
+``client_error`` with the exception named, never the end of the run.
+
 On a timeout or a malformed event the client stops reading and closes the
 connection, so the server sees the disconnect and can free the sequence.
 
@@ -45,9 +54,15 @@ from perfsdk.bench.records import (
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["build_payload", "send_request"]
+__all__ = ["MAX_EVENT_BYTES", "build_payload", "send_request"]
 
 _DETAIL_CHARS = 300  # enough of a server's error body to say what went wrong
+_BODY_BYTES = 64 * 1024  # of a non-200 or non-stream body, read for the detail; the rest is not needed
+#: Largest Server-Sent Event accepted (its data: lines together). An OpenAI-style chunk is well under
+#: a kilobyte; a server that never ends an event must not grow the client's memory without bound.
+MAX_EVENT_BYTES = 16 * 2**20
+# usage counts above 2**53 lose integer precision as floats (throughputs are floats): not a token count
+_MAX_COUNT = 2**53
 
 
 def build_payload(
@@ -97,6 +112,7 @@ async def send_request(
 ) -> RequestRecord:
     """Send one request and fill *record*; *t0* is the run's start on ``perf_counter``."""
     import aiohttp  # optional dependency, imported at the point of use
+    from aiohttp.http_exceptions import HttpProcessingError
 
     st = time.perf_counter()
     record.start = st - (t0 if t0 is not None else st)
@@ -121,8 +137,15 @@ async def send_request(
             record.fail(CONNECTION_ERROR, f"the connection broke before a response: {_describe(e)}")
     except aiohttp.ClientError as e:
         record.fail(CLIENT_ERROR, _describe(e))
-    except (UnicodeDecodeError, ValueError) as e:  # e.g. a line longer than aiohttp's limit
+    except (UnicodeDecodeError, ValueError) as e:
         record.fail(MALFORMED_EVENT, _describe(e))
+    except HttpProcessingError as e:  # aiohttp's parser: e.g. a line longer than its limit (LineTooLong)
+        if state.headers:
+            record.fail(MALFORMED_EVENT, f"a stream line longer than the client accepts or bad framing: {_describe(e)}")
+        else:
+            record.fail(CLIENT_ERROR, f"the response could not be parsed: {_describe(e)}")
+    except Exception as e:  # the last guard: one response never ends the run, whatever it does
+        record.fail(CLIENT_ERROR, f"unexpected {_describe(e)}")
     record.stream_end = time.perf_counter() - st
     if record.ok:
         _finish(record, state)
@@ -154,18 +177,19 @@ async def _stream(
         state.headers = True
         record.http_status = resp.status
         if resp.status != 200:
-            body = await resp.text(errors="replace")
+            body = await _body_excerpt(resp)
             raise _StreamFailure(
-                http_reason(resp.status), f"HTTP {resp.status} {resp.reason or ''}: {_clip(body)}".strip()
+                http_reason(resp.status), f"HTTP {resp.status} {_clip(resp.reason or '')}: {_clip(body)}".strip()
             )
         ctype = resp.headers.get("Content-Type", "")
         if "event-stream" not in ctype:
-            body = await resp.text(errors="replace")
+            body = await _body_excerpt(resp)
             raise _StreamFailure(
                 NOT_EVENT_STREAM,
-                f"expected text/event-stream, got {ctype or 'no Content-Type'}: {_clip(body)}",
+                f"expected text/event-stream, got {_clip(ctype) or 'no Content-Type'}: {_clip(body)}",
             )
         data_lines: list[str] = []
+        event_bytes = 0
         async for raw in resp.content:
             now = time.perf_counter()
             line = raw.decode("utf-8").rstrip("\r\n")
@@ -173,11 +197,19 @@ async def _stream(
                 if line.startswith("data:"):
                     value = line[5:]
                     data_lines.append(value[1:] if value.startswith(" ") else value)
+                    event_bytes += len(raw)
+                    if event_bytes > MAX_EVENT_BYTES:
+                        raise _StreamFailure(
+                            MALFORMED_EVENT,
+                            f"an event grew beyond {MAX_EVENT_BYTES // 2**20} MiB without ending "
+                            f"({len(data_lines)} data: lines so far)",
+                        )
                 # comments (":") and event:/id:/retry: fields carry no tokens
                 continue
             if data_lines:  # a blank line ends an event
                 _on_event("\n".join(data_lines), now, record, st, state)
                 data_lines.clear()
+                event_bytes = 0
                 if state.done:
                     return
         if data_lines:  # the last event had no blank line after it; still an event
@@ -194,6 +226,10 @@ def _on_event(data: str, now: float, record: RequestRecord, st: float, state: _S
         obj = json.loads(data)
     except json.JSONDecodeError as e:
         raise _StreamFailure(MALFORMED_EVENT, f"event is not JSON ({e.msg}): {_clip(data)}") from None
+    except RecursionError:  # [[[[...]]]] deeper than the interpreter's recursion limit
+        raise _StreamFailure(MALFORMED_EVENT, f"event is nested too deeply to parse: {_clip(data)}") from None
+    except ValueError as e:  # e.g. an integer beyond Python's 4,300-digit conversion limit
+        raise _StreamFailure(MALFORMED_EVENT, f"event is not usable JSON ({e}): {_clip(data)}") from None
     if not isinstance(obj, dict):
         raise _StreamFailure(MALFORMED_EVENT, f"event is not a JSON object: {_clip(data)}")
     if obj.get("error") is not None:
@@ -202,10 +238,12 @@ def _on_event(data: str, now: float, record: RequestRecord, st: float, state: _S
         raise _StreamFailure(ERROR_EVENT, f"server error in stream: {_clip(str(msg))}")
     usage = obj.get("usage")
     if isinstance(usage, dict):
-        if isinstance(usage.get("prompt_tokens"), int):
-            record.prompt_tokens = usage["prompt_tokens"]
-        if isinstance(usage.get("completion_tokens"), int):
-            state.completion_tokens = usage["completion_tokens"]
+        prompt_tokens = _count(usage, "prompt_tokens", data)
+        if prompt_tokens is not None:
+            record.prompt_tokens = prompt_tokens
+        completion_tokens = _count(usage, "completion_tokens", data)
+        if completion_tokens is not None:
+            state.completion_tokens = completion_tokens
     choices = obj.get("choices")
     if choices is None:
         if usage is None:
@@ -225,6 +263,34 @@ def _on_event(data: str, now: float, record: RequestRecord, st: float, state: _S
         elif state.last is not None:
             record.itl.append(now - state.last)
         state.last = now
+
+
+def _count(usage: dict[str, Any], key: str, data: str) -> int | None:
+    """A usage token count: None when absent or not an integer; a failure when it cannot be one."""
+    value = usage.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None  # servers send null or leave fields out; the client then counts chunks
+    if not 0 <= value <= _MAX_COUNT:
+        # a negative count makes TPOT negative; a 400-digit one overflows every throughput
+        raise _StreamFailure(MALFORMED_EVENT, f"usage.{key} is not a token count: {_clip(data)}")
+    return value
+
+
+async def _body_excerpt(resp: aiohttp.ClientResponse) -> str:
+    """The start of a response body as text, whatever its size or declared charset.
+
+    ``resp.text()`` would read the whole body (a server may send gigabytes) and decode it with the
+    declared charset, which may be a codec that cannot decode bytes at all (``charset=rot13``).
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while size < _BODY_BYTES:
+        chunk = await resp.content.read(_BODY_BYTES - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
 
 
 def _text_of(choice: dict[str, Any]) -> str:
@@ -254,9 +320,26 @@ def _finish(record: RequestRecord, state: _State) -> None:
 
 
 def _clip(text: str) -> str:
-    text = text.strip().replace("\n", "\\n")
-    return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + "…"
+    """Server text for a failure's detail: short, one line, printable and encodable.
+
+    Control characters (terminal escapes included) and lone surrogates, which a JSON ``\\ud800`` escape
+    yields and which no UTF-8 stream can print, are written as escapes.
+    """
+    text = text.strip()
+    cut = len(text) > _DETAIL_CHARS
+    text = text[:_DETAIL_CHARS]  # before escaping: the text may be a 16 MiB event
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else _escape(c) for c in text)[:_DETAIL_CHARS]
+    return text + "…" if cut else text
+
+
+def _escape(c: str) -> str:
+    if c == "\n":
+        return "\\n"
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    text = _clip(str(e))
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

@@ -122,6 +122,13 @@ class BenchConfig:
         if isinstance(self.burstiness, bool) or not (isinstance(self.burstiness, (int, float)) and self.burstiness > 0):
             raise ConfigError(f"burstiness: must be > 0 (1 = Poisson), got {self.burstiness!r}")
         object.__setattr__(self, "burstiness", float(self.burstiness))
+        per_s = self.request_rate * self.burstiness
+        if math.isfinite(self.request_rate) and (per_s == 0 or not math.isfinite(1.0 / per_s)):
+            # the gamma draw's scale, 1 / (rate x burstiness), must be a number of seconds
+            raise ConfigError(
+                f"request_rate: {self.request_rate!r} requests/s with burstiness {self.burstiness!r} puts the "
+                "requests beyond any finite time; use a larger rate (or inf)"
+            )
         if self.max_concurrency is not None:
             _check_int("max_concurrency", self.max_concurrency, minimum=1)
         object.__setattr__(self, "input_len", LengthSpec.parse(self.input_len, field="input_len"))
@@ -133,10 +140,11 @@ class BenchConfig:
                 raise ConfigError(f"percentiles: each must be in (0, 100], got {p!r}")
             pct.append(float(p))
         object.__setattr__(self, "percentiles", tuple(sorted(set(pct))))
-        if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
-            raise ConfigError(f"timeout_s: must be > 0 seconds, got {self.timeout_s!r}")
-        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
-            raise ConfigError(f"temperature: must be >= 0, got {self.temperature!r}")
+        # finite: aiohttp cannot arm an infinite connect timeout, and JSON has no Infinity to send
+        if not (_is_finite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError(f"timeout_s: must be a finite number of seconds > 0, got {self.timeout_s!r}")
+        if not (_is_finite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"temperature: must be a finite number >= 0, got {self.temperature!r}")
 
     @property
     def url(self) -> str:
@@ -179,6 +187,16 @@ class BenchConfig:
 def _json_float(x: float) -> float | str:
     # JSON has no Infinity; "inf" round-trips through float()
     return "inf" if math.isinf(x) else x
+
+
+def _is_finite(value: object) -> bool:
+    """A real number (not a bool) within the float range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond 1e308
+        return False
 
 
 def _check_int(name: str, value: object, *, minimum: int | None) -> None:

@@ -13,18 +13,25 @@ lengths::
     spec = LengthSpec.parse("uniform:64-256")
     lengths = spec.sample(random.Random(0), 100)
 
-Bad text raises :class:`perfsdk.errors.ConfigError` naming the field.
+Bad text raises :class:`perfsdk.errors.ConfigError` naming the field; so do
+non-finite numbers and lengths above :data:`MAX_LENGTH` (the prompts are
+built in memory before the run starts).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Literal
 
 from perfsdk.errors import ConfigError
 
-__all__ = ["LengthSpec"]
+__all__ = ["MAX_LENGTH", "LengthSpec"]
+
+#: The longest request length accepted, in tokens: ten million, beyond the longest context any
+#: served model takes; a larger value is a typo that would otherwise build gigabyte prompts.
+MAX_LENGTH = 10_000_000
 
 Kind = Literal["fixed", "uniform", "normal"]
 
@@ -42,6 +49,10 @@ class LengthSpec:
     b: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.a) and math.isfinite(self.b)):
+            raise ConfigError(f"length: numbers must be finite, got {self.a!r} and {self.b!r}")
+        if max(self.a, self.b) > MAX_LENGTH:
+            raise ConfigError(f"length: at most {MAX_LENGTH:,} tokens, got {max(self.a, self.b):g}")
         if self.kind == "fixed":
             if self.a < 1 or self.a != int(self.a):
                 raise ConfigError(f"length: a fixed length must be a positive integer, got {self.a:g}")
@@ -68,6 +79,8 @@ class LengthSpec:
         if isinstance(text, bool):  # bool is an int; True tokens is certainly a mistake
             raise ConfigError(f"{field}: expected a length, got {text!r}")
         if isinstance(text, int):
+            if text > MAX_LENGTH:  # checked first: str() and float() of a huge int raise
+                raise ConfigError(f"{field}: at most {MAX_LENGTH:,} tokens, got a larger integer")
             return cls._build("fixed", float(text), 0.0, field, str(text))
         raw = str(text).strip()
         kind, sep, rest = raw.partition(":")
@@ -85,7 +98,7 @@ class LengthSpec:
                 if not comma:
                     raise ValueError("missing ','")
                 return cls._build("normal", float(mean), float(std), field, raw)
-        except ValueError as e:
+        except (ValueError, OverflowError) as e:  # OverflowError: an integer beyond a float
             if isinstance(e, ConfigError):
                 raise
             raise ConfigError(
@@ -108,7 +121,7 @@ class LengthSpec:
             return [int(self.a)] * n
         if self.kind == "uniform":
             return [rng.randint(int(self.a), int(self.b)) for _ in range(n)]
-        return [max(1, round(rng.gauss(self.a, self.b))) for _ in range(n)]
+        return [min(max(1, round(rng.gauss(self.a, self.b))), MAX_LENGTH) for _ in range(n)]
 
     @property
     def mean(self) -> float:

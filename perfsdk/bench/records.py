@@ -54,7 +54,8 @@ CLIENT_ERROR = "client_error"  # anything else the HTTP client raised
 FAILURE_REASONS: dict[str, str] = {
     CONNECTION_ERROR: "could not connect, or the connection dropped before a response",
     "http_<status>": "the server answered with a non-200 status",
-    MALFORMED_EVENT: "an event that is not valid JSON or not a completion chunk",
+    MALFORMED_EVENT: "an event that is not valid JSON or not a completion chunk (nested too deeply, too large, "
+    "absurd usage counts, a line beyond the client's limit)",
     STREAM_CUT: "the event stream ended or broke before data: [DONE]",
     TIMEOUT: "no complete response within the timeout (the client closes the connection)",
     ERROR_EVENT: "the server reported an error inside the stream",

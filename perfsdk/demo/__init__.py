@@ -14,7 +14,7 @@ Or use the pieces (each module's docstring is its guide):
 - :mod:`perfsdk.demo.engine`: the continuous-batching loop on its own thread;
 - :mod:`perfsdk.demo.server`: the OpenAI-compatible FastAPI app and ``DemoServer`` (uvicorn on loopback);
 - :mod:`perfsdk.demo.report`: histogram quantiles and the text report;
-- :mod:`perfsdk.demo.cli`: ``perfsdk demo``.
+- :mod:`perfsdk.cli.demo`: ``perfsdk demo``.
 
 Importing this package is free: torch, FastAPI and uvicorn load only inside the modules that need them.
 """

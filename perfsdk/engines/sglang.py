@@ -41,7 +41,6 @@ SGLang itself need not be installed where this runs.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import threading
 import time
@@ -54,7 +53,7 @@ from perfsdk.errors import ConfigError, MissingDependencyError
 if TYPE_CHECKING:
     from perfsdk.monitor import Monitor
 
-__all__ = ["FPM_VERSION", "FpmSubscriber", "register", "step_from_fpm"]
+__all__ = ["FPM_VERSION", "FpmSubscriber", "load_model", "step_from_fpm"]
 
 log = logging.getLogger("perfsdk")
 
@@ -199,23 +198,6 @@ class FpmSubscriber:
 
 
 # ---- perfsdk sglang ---------------------------------------------------------
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("sglang", help="MBU/MFU of an SGLang server's forward passes, on /metrics",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--fpm", required=True, metavar="ENDPOINT",
-                   help="SGLang's --forward-pass-metrics-ipc-name (e.g. ipc:///tmp/sglang-fpm)")
-    p.add_argument("--dp-size", type=int, default=1, help="SGLang's data-parallel size (one feed per rank)")
-    p.add_argument("--model", required=True,
-                   help="a known model name, or a Hugging Face model directory or config.json")
-    p.add_argument("--tp", type=int, default=1, help="SGLang's tensor-parallel size (MBU/MFU are per GPU)")
-    p.add_argument("--hardware", default="auto", help="a datasheet name (h200, h100-sxm, ...), default: detect")
-    p.add_argument("--model-name", default=None, help="the model label (default: the model's name)")
-    p.add_argument("--port", type=int, default=9400, help="serve /metrics here (default 9400)")
-    p.add_argument("--addr", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: run)")
-    p.set_defaults(func=_run_cli)
-
-
 def load_model(model: str, tp: int = 1) -> Any:
     """A ModelSpec from a known name, a model directory or a config.json path, split over *tp* GPUs."""
     import json
@@ -228,34 +210,3 @@ def load_model(model: str, tp: int = 1) -> Any:
         path = path / "config.json"
     spec = ModelSpec.from_hf_config(json.loads(path.read_text())) if path.is_file() else ModelSpec.named(model)
     return spec.with_tp(tp) if tp > 1 else spec
-
-
-def _run_cli(args: argparse.Namespace) -> int:
-    import signal
-
-    import perfsdk
-
-    if args.tp < 1:
-        raise ConfigError(f"--tp: must be >= 1, got {args.tp}")
-    spec = load_model(args.model, args.tp)
-    mon = perfsdk.Monitor(model=spec, hardware=args.hardware, model_name=args.model_name or spec.name,
-                          service="sglang", timing="host")
-    server = mon.serve_metrics(port=args.port, addr=args.addr)
-    sub = FpmSubscriber(mon, args.fpm, args.dp_size)
-    print(f"perfsdk sglang: {', '.join(sub.endpoints)} -> http://{args.addr}:{server.port}/metrics "
-          f"(model {mon.model_name}, hardware {mon.hardware.name if mon.hardware else 'unknown: MBU/MFU off'})",
-          flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    deadline = None if args.duration is None else time.monotonic() + args.duration
-    try:
-        while not stop.wait(1.0):
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-    finally:
-        sub.close()
-        mon.close()
-    print(f"perfsdk sglang: {sub.steps} steps from {sub.received} messages ({sub.lost} lost on the wire, "
-          f"{sub.skipped} with nothing to cost; ranks heard: {len(sub._last_seq)} of {args.dp_size})")
-    return 0

@@ -49,6 +49,7 @@ rank; comparing it across the ranks of one group separates waiting from transfer
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 import re
 import statistics
@@ -131,7 +132,7 @@ class Finding:
                 "suggestion": self.suggestion}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Gap:
     """A stretch where no GPU op ran on any stream, and why (``launch_wait``, ``after_sync``, ``other``)."""
 
@@ -417,12 +418,17 @@ def _self_times(ops: list[Event]) -> list[tuple[Event, float]]:
     return out
 
 
-def _in_span(events_by_thread: Mapping[tuple[str, str], list[Event]], all_events: list[Event],
-             span: _StepSpan) -> list[Event]:
-    """Host events that started inside *span* (on its thread, if it has one)."""
-    evs = all_events if span.thread is None else events_by_thread.get(span.thread, [])
-    starts = [e.ts for e in evs]
-    return evs[bisect.bisect_left(starts, span.start):bisect.bisect_left(starts, span.end)]
+class _SpanIndex:
+    """Host events by thread with their start times, built once: each step's lookup is two bisects."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self._all = (events, [e.ts for e in events])
+        self._by_thread = {t: (evs, [e.ts for e in evs]) for t, evs in _by_thread(events).items()}
+
+    def started_in(self, span: _StepSpan) -> list[Event]:
+        """Host events that started inside *span* (on its thread, if it has one)."""
+        evs, starts = self._all if span.thread is None else self._by_thread.get(span.thread, ([], []))
+        return evs[bisect.bisect_left(starts, span.start):bisect.bisect_left(starts, span.end)]
 
 
 def _by_thread(events: Iterable[Event]) -> dict[tuple[str, str], list[Event]]:
@@ -505,8 +511,14 @@ def analyze_trace(
     """
     trace = source if isinstance(source, Trace) else load_trace(source)
     spans, step_source = _step_spans(trace, step_pattern)
-    runtime_by_thread = _by_thread(trace.runtime)
-    cpu_by_thread = _by_thread(trace.cpu_ops)
+    if not spans:
+        raise ConfigError(
+            f"trace: {trace.source!r} holds no timed events (complete 'X' events of torch.profiler's "
+            "categories: kernels, CUDA runtime calls, operators, record_function ranges): "
+            "it is not a profiler trace with steps to analyse"
+        )
+    runtime_in = _SpanIndex(trace.runtime)
+    cpu_in = _SpanIndex(trace.cpu_ops)
     ops = trace.gpu_ops
     # CPU-only traces: time inside collectives, on any thread (gloo works on its own threads)
     host_comm = [] if trace.has_gpu else _merge(
@@ -518,7 +530,7 @@ def analyze_trace(
     step_calls: list[list[Event]] = []
     for i, span in enumerate(spans):
         st = StepStats(index=i, name=span.name, host_start_us=span.start, host_dur_us=span.end - span.start)
-        calls = _in_span(runtime_by_thread, trace.runtime, span)
+        calls = runtime_in.started_in(span)
         step_calls.append(calls)
         for c in calls:
             if c.correlation is not None:
@@ -537,7 +549,7 @@ def analyze_trace(
                 st.blocking_copies += 1
             if c.name in _HOST_SYNCS or c.name == "cudaMemcpy":
                 st.sync_blocked_us += c.dur
-        cpu_in_step = _in_span(cpu_by_thread, trace.cpu_ops, span)
+        cpu_in_step = cpu_in.started_in(span)
         if not trace.has_gpu and host_comm:
             st.host_comm_us = _overlap(host_comm, host_comm_starts, span.start, span.end)
         for op in cpu_in_step:
@@ -562,11 +574,15 @@ def analyze_trace(
                 if k is not None:
                     step_ops[k].append(op)
         else:
+            # the first span (in order) with start <= ts < end: spans are sorted by start, so among
+            # those that started by ts it is the first whose end, and so whose running maximum of
+            # ends, passes ts
+            span_starts = [sp.start for sp in spans]
+            max_ends = list(itertools.accumulate((sp.end for sp in spans), max))
             for op in ops:
-                for k, span in enumerate(spans):
-                    if span.start <= op.ts < span.end:
-                        step_ops[k].append(op)
-                        break
+                k = bisect.bisect_right(max_ends, op.ts)
+                if k < bisect.bisect_right(span_starts, op.ts):
+                    step_ops[k].append(op)
 
     gaps = _classify_gaps(trace, ops)
     gap_starts = [g.start for g in gaps]

@@ -16,6 +16,7 @@ where names overlap (flash-attention kernels are built on CUTLASS, layer-norm ke
 
 from __future__ import annotations
 
+import functools
 import re
 
 __all__ = ["CATEGORIES", "categorize", "categorize_cpu_op"]
@@ -55,6 +56,9 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+# Kernel names repeat (a trace of a million kernels has a few hundred distinct ones) and run to
+# hundreds of characters of C++ template, so a regex pass costs tens of µs: remember the answers.
+@functools.lru_cache(maxsize=16384)
 def categorize(name: str, cat: str) -> str:
     """Category of one GPU op from its trace ``name`` and ``cat`` (``kernel``, ``gpu_memcpy`` ...)."""
     if cat in ("gpu_memcpy", "gpu_memset"):
@@ -78,6 +82,7 @@ _CPU_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+@functools.lru_cache(maxsize=16384)
 def categorize_cpu_op(name: str) -> str:
     """Category of one CPU operator (``aten::mm`` -> ``gemm``) for CPU-only traces."""
     for category, pattern in _CPU_RULES:

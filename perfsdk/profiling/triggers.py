@@ -12,10 +12,15 @@ Low windows never enter the baseline (a sustained drop must not become its own r
 the baseline is relearnt after each firing, so one lasting regression gives one capture, not one
 per cooldown. :class:`CaptureBudget` adds the cooldown and the cap on automatic captures per hour.
 
-**Signal.** :class:`SignalTrigger` installs a ``SIGUSR2`` handler (main thread only) and puts the
-previous handler back on :meth:`~SignalTrigger.restore`. The handler itself only starts a thread:
-a signal handler runs on the main thread between two bytecodes, possibly while that thread holds
-the window's lock, so taking the lock inside it could deadlock.
+**Signal (opt-in).** :class:`SignalTrigger` installs a ``SIGUSR2`` handler (main thread only) and
+puts the previous handler back on :meth:`~SignalTrigger.restore`. Only
+``mon.enable_profiler(signal=True)`` creates one: without it perfsdk installs no signal handler at
+all (not on import, not in ``Monitor``, ``serve_metrics`` or ``enable_profiler()``), so ``SIGUSR2``
+keeps whatever the process had — for a plain Python process the default action, which terminates
+it. Once the windows that installed handlers are closed, the process is back to its own handler,
+however many windows were enabled in between. The handler itself only starts a thread: a signal
+handler runs on the main thread between two bytecodes, possibly while that thread holds the
+window's lock, so taking the lock inside it could deadlock.
 """
 
 from __future__ import annotations
@@ -141,4 +146,18 @@ class SignalTrigger:
             raise RuntimeError("the SIGUSR2 handler can only be restored from the main thread")
         self._installed = False
         if signal.getsignal(self._signum) == self._handle:  # someone else may have replaced ours since
-            signal.signal(self._signum, self._previous if self._previous is not None else signal.SIG_DFL)
+            signal.signal(self._signum, self._restorable(self._previous))
+
+    @staticmethod
+    def _restorable(previous: Any) -> Any:
+        """*previous*, skipping handlers of perfsdk triggers that were restored since.
+
+        A second window installed over a first one remembers the first one's handler; the first is
+        closed while the second is still on top (so it leaves the handler alone), and when the second
+        closes, putting the first one's handler back would leave perfsdk installed for good.
+        """
+        while True:
+            owner = getattr(previous, "__self__", None)
+            if not isinstance(owner, SignalTrigger) or owner._installed:
+                return previous if previous is not None else signal.SIG_DFL
+            previous = owner._previous

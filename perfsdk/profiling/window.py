@@ -9,7 +9,7 @@ Usage::
         directory="./perfsdk-traces", keep=10, min_free_mb=512,
         steady_window=32, steady_cv=0.05, warmup_steps=16, steady_timeout_s=120,
         auto=True, auto_drop=0.2, auto_windows=3, cooldown_s=600, max_per_hour=4,
-        signal=True,                          # SIGUSR2 triggers a capture (main thread only)
+        signal=True,                          # opt-in: SIGUSR2 triggers a capture (main thread only)
     )
 
     handle = mon.profile(steps=4)             # API trigger; or: curl -X POST 'http://127.0.0.1:9400/profile?steps=4'
@@ -28,7 +28,8 @@ and in the log, one line per capture::
     perfsdk profile: launch_bound (93% of step time, GPU busy 7%) -> Capture the step in a CUDA graph ...; trace: ...
 
 **Triggers.** :meth:`ProfilerWindow.trigger` (``mon.profile()``), ``POST /profile`` on the
-metrics server (loopback only unless a token is set), ``SIGUSR2`` with ``signal=True``, and,
+metrics server (loopback only unless a token is set), ``SIGUSR2`` only with ``signal=True`` (without
+it perfsdk installs no signal handler and ``SIGUSR2`` keeps its default action, ending the process), and,
 with ``auto=True``, a drop of the rolling decode MBU *auto_drop* below its trailing baseline for
 *auto_windows* windows of *auto_window_steps* steps in a row (at most one automatic capture per
 *cooldown_s*, at most *max_per_hour*; see :mod:`perfsdk.profiling.triggers`). One window at a
@@ -73,7 +74,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from perfsdk.errors import ConfigError
 from perfsdk.profiling.capture import (
@@ -91,10 +92,17 @@ from perfsdk.profiling.capture import (
 from perfsdk.profiling.steady import SteadyGate
 from perfsdk.profiling.triggers import CaptureBudget, MbuDropDetector, SignalTrigger
 
-if TYPE_CHECKING:
-    from perfsdk.monitor import Monitor
+__all__ = ["MODES", "CaptureHandle", "CaptureResult", "ProfilerWindow", "WindowHost"]
 
-__all__ = ["MODES", "CaptureHandle", "CaptureResult", "ProfilerWindow"]
+
+class WindowHost(Protocol):
+    """What a window needs of its Monitor (perfsdk.Monitor is one): its model and GPU (the automatic trigger
+    watches MBU), and ``window_deps()``: the error guard, the profile gauges' setter and the rank label."""
+
+    model: Any
+    hardware: Any
+
+    def window_deps(self) -> tuple[Any, Any, str]: ...
 
 log = logging.getLogger("perfsdk")
 
@@ -186,7 +194,7 @@ class ProfilerWindow:
 
     def __init__(
         self,
-        mon: Monitor,
+        mon: WindowHost,
         *,
         mode: str = "torch",
         steps: int = 4,

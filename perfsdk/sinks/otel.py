@@ -39,20 +39,20 @@ QUEUE = 8192  # spans waiting to be built, at most
 
 
 def make_otel_sink(tracer_provider: Any = None, model: str = "unknown", epoch_offset_ns: int = 0,
-                   queue_size: int = QUEUE) -> OtelSink | None:
+                   queue_size: int = QUEUE, interval: float = 0.25) -> OtelSink | None:
     """An :class:`OtelSink`, or ``None`` when the OpenTelemetry API is not installed."""
     try:
         from opentelemetry import trace
     except ImportError:
         return None
-    return OtelSink(trace, tracer_provider, model, epoch_offset_ns, queue_size)
+    return OtelSink(trace, tracer_provider, model, epoch_offset_ns, queue_size, interval)
 
 
 class OtelSink:
     """The :class:`~perfsdk.sinks.Sink` for OpenTelemetry (see the module docstring)."""
 
     def __init__(self, trace_api: Any, tracer_provider: Any, model: str, epoch_offset_ns: int = 0,
-                 queue_size: int = QUEUE) -> None:
+                 queue_size: int = QUEUE, interval: float = 0.25) -> None:
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         from perfsdk._version import __version__
@@ -69,6 +69,7 @@ class OtelSink:
         self._error_code = StatusCode.ERROR
         self._jobs: deque[Any] = deque()
         self._capacity = queue_size
+        self._interval = interval  # the span thread builds what is queued this often (or when half full)
         self._cond = threading.Condition()
         self._busy = 0  # jobs taken off the queue and not yet built
         self._thread: threading.Thread | None = None
@@ -114,6 +115,7 @@ class OtelSink:
         """Wait until every span handed over is built (False on timeout)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            self._cond.notify_all()  # build now, not at the next interval
             while self._jobs or self._busy:
                 if self._thread is None or not self._thread.is_alive():
                     return False
@@ -149,15 +151,21 @@ class OtelSink:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="perfsdk-spans", daemon=True)
                 self._thread.start()
-            self._cond.notify_all()
+            if len(self._jobs) >= self._capacity // 2:
+                self._cond.notify_all()  # otherwise the thread comes by on its interval: one wake-up per batch
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._jobs and not self._closed:
-                    self._cond.wait()
-                if not self._jobs:
+                if not self._jobs and not self._closed:
+                    self._cond.wait(self._interval)
+                if self._closed:  # close() gave what it could to building; the rest is dropped, counted
+                    self.dropped += len(self._jobs)
+                    self._jobs.clear()
+                    self._cond.notify_all()
                     return
+                if not self._jobs:
+                    continue
                 job = self._jobs.popleft()
                 self._busy += 1
             try:
@@ -172,7 +180,9 @@ class OtelSink:
             finally:
                 with self._cond:
                     self._busy -= 1
-                    self._cond.notify_all()
+                    if not self._jobs:
+                        self._cond.notify_all()  # flush() waits for an empty queue
+            time.sleep(0)  # let go of the GIL between spans: a serving thread waiting for it gets a turn
 
     def _request_span(self, r: RequestResult) -> None:
         tracer = self.tracer()

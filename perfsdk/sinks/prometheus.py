@@ -51,6 +51,7 @@ __all__ = [
     "PrometheusSink",
     "metric_set",
     "multiprocess_registry",
+    "update_lock",
 ]
 
 TTFT_BUCKETS, TPOT_BUCKETS, DURATION_BUCKETS, ITL_BUCKETS = TTFT, TPOT, DURATION, ITL
@@ -85,6 +86,21 @@ _sets: weakref.WeakKeyDictionary[CollectorRegistry, dict[tuple[str, ...], Metric
     weakref.WeakKeyDictionary()
 )
 _lock = threading.Lock()
+_update_locks: weakref.WeakKeyDictionary[CollectorRegistry, threading.Lock] = weakref.WeakKeyDictionary()
+
+
+def update_lock(registry: CollectorRegistry) -> threading.Lock:
+    """The lock perfsdk holds while it adds one export's step totals to *registry*'s metrics.
+
+    Step time, bytes, FLOPs and tokens of one export are added together; a scrape that takes this lock
+    around collecting (perfsdk's metrics server does) sees all of one export or none of it, so ratios such
+    as bytes / step seconds (the exact MBU panel) never mix two exports.
+    """
+    with _lock:
+        lk = _update_locks.get(registry)
+        if lk is None:
+            lk = _update_locks[registry] = threading.Lock()
+        return lk
 
 
 def metric_set(registry: CollectorRegistry | None = None, extra_labels: tuple[str, ...] = ()) -> MetricSet:
@@ -152,8 +168,10 @@ def _create(reg: CollectorRegistry, extra: tuple[str, ...]) -> MetricSet:
 class PrometheusSink:
     """The :class:`~perfsdk.sinks.Sink` for Prometheus: label children of one (model, extra labels), bound once."""
 
-    def __init__(self, metrics: MetricSet, model: str, extra_values: tuple[str, ...] = ()) -> None:
+    def __init__(self, metrics: MetricSet, model: str, extra_values: tuple[str, ...] = (),
+                 registry: CollectorRegistry | None = None) -> None:
         self.metrics = metrics
+        self._update = update_lock(REGISTRY if registry is None else registry)
         mv = (model, *extra_values)
         self.ttft = metrics.ttft.labels(*mv)
         self.tpot = metrics.tpot.labels(*mv)
@@ -199,18 +217,19 @@ class PrometheusSink:
 
     # ---- the Sink interface ------------------------------------------------------------------------
     def steps(self, totals: StepTotals) -> None:
-        for code, t in enumerate(totals.phases):
-            if not t.steps:
-                continue
-            _add(self.step[code], t.step_counts, t.step_sum)
-            _add(self.mbu[code], t.mbu_counts, t.mbu_sum)
-            _add(self.mfu[code], t.mfu_counts, t.mfu_sum)
-            if t.bytes:
-                self.step_bytes[code].inc(t.bytes)
-            if t.flops:
-                self.step_flops[code].inc(t.flops)
-            if t.tokens:
-                self.step_tokens[code].inc(t.tokens)
+        with self._update:  # one export at a time, as a scrape through update_lock() sees it
+            for code, t in enumerate(totals.phases):
+                if not t.steps:
+                    continue
+                _add(self.step[code], t.step_counts, t.step_sum)
+                _add(self.mbu[code], t.mbu_counts, t.mbu_sum)
+                _add(self.mfu[code], t.mfu_counts, t.mfu_sum)
+                if t.bytes:
+                    self.step_bytes[code].inc(t.bytes)
+                if t.flops:
+                    self.step_flops[code].inc(t.flops)
+                if t.tokens:
+                    self.step_tokens[code].inc(t.tokens)
 
     def latencies(self, ttft_s: Sequence[float], itl_s: Sequence[float]) -> None:
         for v in ttft_s:

@@ -61,8 +61,6 @@ def _check(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     tolerance = parse_tolerance(args.tolerance)
-    if args.min_delta_ms < 0:
-        raise ConfigError(f"--min-delta-ms: must be >= 0, got {args.min_delta_ms}")
     gates: dict[str, float | None] = {} if args.only else dict(DEFAULT_GATES)
     for g in args.gate:
         name, tol = parse_gate(g)

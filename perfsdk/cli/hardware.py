@@ -94,7 +94,8 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
 
 def _run_hardware(args: argparse.Namespace) -> int:
-    specs = [hardware.get(args.name)] if args.name else [hardware.get(n) for n in hardware.names()]
+    # `is not None`: an empty name ("") is a mistake to report, not a request for the whole table
+    specs = [hardware.get(args.name)] if args.name is not None else [hardware.get(n) for n in hardware.names()]
     if args.json:
         print(json.dumps([s.as_dict() for s in specs], indent=2))
         return 0

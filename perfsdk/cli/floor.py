@@ -73,6 +73,13 @@ def _model_from_args(a: argparse.Namespace) -> ModelSpec:
     return spec.with_tp(a.tp) if a.tp != 1 else spec
 
 
+def _peak(flag: str, value: float) -> float:
+    # a peak divides every floor: zero, negative, NaN or infinite would print nonsense (or divide by zero)
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{flag}: must be a positive, finite number, got {value!r}")
+    return value
+
+
 def _peaks(a: argparse.Namespace) -> tuple[float, float | None, str]:
     bandwidth = flops = None
     name = "custom"
@@ -84,9 +91,9 @@ def _peaks(a: argparse.Namespace) -> tuple[float, float | None, str]:
         bandwidth = hw.memory_bandwidth
         flops = hw.peak_flops("bf16")
     if a.bandwidth_tb_s is not None:
-        bandwidth = a.bandwidth_tb_s * 1e12
+        bandwidth = _peak("bandwidth-tb-s", a.bandwidth_tb_s) * 1e12
     if a.tflops is not None:
-        flops = a.tflops * 1e12
+        flops = _peak("tflops", a.tflops) * 1e12
     if bandwidth is None:
         raise ConfigError("gpu: give --gpu NAME (e.g. --gpu h100-sxm) or --bandwidth-tb-s")
     return bandwidth, flops, name
@@ -99,8 +106,26 @@ def compute(a: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"{field.replace('_', '-')}: must be >= 0, got {getattr(a, field)}")
     if a.batch < 1:
         raise ConfigError(f"batch: must be >= 1, got {a.batch}")
+    if a.measured_ms is not None and not (math.isfinite(a.measured_ms) and a.measured_ms > 0):
+        raise ConfigError(f"measured-ms: must be a positive, finite number of milliseconds, got {a.measured_ms!r}")
     model = _model_from_args(a)
     bandwidth, flops, gpu = _peaks(a)
+    try:
+        out = _figures(a, model, bandwidth, flops, gpu)
+    except OverflowError:  # int x float beyond 1e308: --ctx, --batch or --prompt-tokens absurdly large
+        out = None
+    bad = [k for k, v in (out or {}).items() if isinstance(v, float) and not math.isfinite(v)]
+    if out is None or bad:
+        raise ConfigError(
+            f"the figures overflow a float ({', '.join(bad) or 'step size'}): --ctx, --batch, --prompt-tokens "
+            "or a peak (--bandwidth-tb-s, --tflops) is beyond any real model or GPU"
+        )
+    return out
+
+
+def _figures(
+    a: argparse.Namespace, model: ModelSpec, bandwidth: float, flops: float | None, gpu: str
+) -> dict[str, Any]:
     context_tokens = a.ctx * a.batch
     if context_tokens and not model.has_attention_shape:
         raise ConfigError("ctx: the KV-cache term needs --layers, --kv-heads and --head-dim (or --model)")
@@ -121,9 +146,10 @@ def compute(a: argparse.Namespace) -> dict[str, Any]:
         "decode_floor_ms": floor_s * 1e3,
         "decode_tokens_per_s": a.batch / floor_s,
     }
-    seqs = [a.prompt_tokens] * a.batch
-    linear = budget.prefill_flops(model, seqs, attention=False)
-    total = budget.prefill_flops(model, seqs) if model.has_attention_shape else linear
+    # batch identical sequences: one sequence's FLOPs times the batch (a list of --batch lengths
+    # would cost memory and time linear in a batch that may be absurd)
+    linear = budget.prefill_flops(model, [a.prompt_tokens], attention=False) * a.batch
+    total = budget.prefill_flops(model, [a.prompt_tokens]) * a.batch if model.has_attention_shape else linear
     out.update(
         prefill_flops=total,
         prefill_flops_no_attention=linear,
@@ -131,8 +157,6 @@ def compute(a: argparse.Namespace) -> dict[str, Any]:
         prefill_floor_no_attention_ms=linear / flops * 1e3 if flops else None,
     )
     if a.measured_ms is not None:
-        if a.measured_ms <= 0:
-            raise ConfigError(f"measured-ms: must be positive, got {a.measured_ms}")
         out["measured_ms"] = a.measured_ms
         out["measured_tokens_per_s"] = a.batch / (a.measured_ms / 1e3)
         out["mbu"] = budget.mbu(step_bytes, a.measured_ms / 1e3, bandwidth)

@@ -1,0 +1,102 @@
+"""The ``perfsdk`` command line: one module per subcommand, each with a ``register(subparsers)``.
+
+::
+
+    perfsdk floor --model llama-3-8b --gpu h100-sxm --ctx 4096      # cli/floor.py
+    perfsdk calibrate / perfsdk hardware                             # cli/hardware.py
+    perfsdk demo                                                     # cli/demo.py
+    perfsdk bench serve --base-url http://127.0.0.1:8000 ...         # cli/bench.py
+    perfsdk bench compare before.json after.json
+    perfsdk analyze trace.pt.trace.json.gz                           # cli/analyze.py
+    perfsdk regress save|check ...                                   # cli/regress.py
+    perfsdk sglang --fpm ipc:///tmp/sglang-fpm --model ...           # cli/sglang.py
+
+A subcommand module imports only argparse and perfsdk's light core at import time; what it drives
+(torch, aiohttp, zmq) is imported when it runs, so ``perfsdk floor`` never pays for torch. A
+subcommand module that cannot be imported — a broken install — is still listed; running it says why and
+exits 2, instead of the subcommand silently vanishing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from perfsdk._version import __version__
+from perfsdk.errors import PerfsdkError
+
+__all__ = ["build_parser", "main"]
+
+# subcommand name(s) -> module under perfsdk.cli; each module exposes register(subparsers)
+COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("floor", ("floor",)),
+    ("hardware", ("calibrate", "hardware")),
+    ("demo", ("demo",)),
+    ("bench", ("bench",)),
+    ("analyze", ("analyze",)),
+    ("regress", ("regress",)),
+    ("sglang", ("sglang",)),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="perfsdk",
+        description="How fast is your LLM server against what the hardware allows?",
+    )
+    parser.add_argument("--version", action="version", version=f"perfsdk {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name, commands in COMMANDS:
+        try:
+            module = importlib.import_module(f"perfsdk.cli.{module_name}")
+        except Exception as e:  # a broken install: keep the command, make running it say why
+            for command in commands:
+                _broken(sub, command, module_name, e)
+            continue
+        module.register(sub)
+    return parser
+
+
+def _broken(sub: argparse._SubParsersAction[argparse.ArgumentParser], command: str, module: str,
+            error: BaseException) -> None:
+    # no option of its own (prefix_chars that never occur): whatever follows is taken as it is
+    p = sub.add_parser(command, help=f"(unavailable: perfsdk.cli.{module} failed to import)", add_help=False,
+                       prefix_chars="\x00")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+
+    def run(_: argparse.Namespace) -> int:
+        print(f"perfsdk: error: the '{command}' command cannot run: importing perfsdk.cli.{module} failed: "
+              f"{type(error).__name__}: {error}. Reinstall perfsdk (pip install --force-reinstall perfsdk).",
+              file=sys.stderr)
+        return 2
+
+    p.set_defaults(func=run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        rc = func(args)
+    except PerfsdkError as e:
+        print(f"perfsdk: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `perfsdk hardware | head`: the reader left; exit quietly like other tools
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    return int(rc or 0)

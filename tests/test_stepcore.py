@@ -1,0 +1,182 @@
+"""The step core: the C one (``perfsdk._native.StepCore``) and its Python reference, on the same inputs, exactly.
+
+Each test feeds both cores the same step records — host-timed, untimed, failed, timed by a scripted GPU —
+and compares every output: per-phase histogram counts and sums, byte/FLOP/token totals, the sampled steps,
+the profiler window's feed and the last steps kept for stats(). The costs are also checked against
+:mod:`perfsdk.budget`, the formulas' reference.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from fake_gpu import FakeGpu
+
+from perfsdk import budget
+from perfsdk.buckets import STEP, UTIL
+from perfsdk.hardware import HardwareSpec
+from perfsdk.model import ModelSpec
+from perfsdk.monitor import load_native
+from perfsdk.records import DECODE, HOST, MIXED, PREFILL, UNTIMED, StepRecord, lens_summary
+from perfsdk.stepcore import PyStepCore, StepTotals, native_core
+from perfsdk.stepcost import StepCosts
+
+native = load_native()
+needs_c = pytest.mark.skipif(native is None, reason="perfsdk._native is not built here")
+
+MODEL = ModelSpec.named("llama-3-8b")
+HW = HardwareSpec(name="test-gpu", memory_bandwidth=4.8e12, flops={"bf16": 989e12})
+
+
+def costs(model: ModelSpec | None = MODEL) -> StepCosts:
+    return StepCosts.of(model, HW.memory_bandwidth, HW.peak_flops("bf16"))
+
+
+def random_records(rng: random.Random, n: int) -> list[StepRecord]:
+    """Host-timed, untimed and failed steps of every phase, with odd and ordinary sizes."""
+    out = []
+    t = 10_000
+    for _ in range(n):
+        phase = rng.choice((PREFILL, DECODE, MIXED))
+        timing = rng.choice((HOST, HOST, HOST, UNTIMED))
+        batch = rng.choice((0, 1, 7, 64, rng.randrange(1, 4096)))
+        ctx = rng.choice((0, 1, rng.randrange(0, 2**24), rng.randrange(0, 2**34)))
+        tokens = rng.choice((-1, rng.randrange(0, 2**20)))
+        lens = None if rng.random() < 0.5 else [rng.randrange(0, 2**16) for _ in range(rng.randrange(0, 9))]
+        if phase == DECODE:
+            tokens, lens = -1, None
+        s, sq, c = lens_summary(phase, batch, tokens, lens)
+        dur = rng.choice((0, 1, rng.randrange(1, 10**9), rng.randrange(10**5, 3 * 10**6)))
+        error = "ValueError" if rng.random() < 0.05 else None
+        out.append(StepRecord(phase, timing, t, t + dur, None, None, batch, tokens, ctx, s, sq, c, error))
+        t += dur + 1
+    return out
+
+
+def run(core: Any, records: list[StepRecord], feed_window: bool = True) -> tuple[StepTotals, list[Any]]:
+    core.feed_window = feed_window
+    core.start()
+    try:
+        for r in records:
+            assert core.push(r)
+        assert core.sync(30)
+        totals = core.take()
+        recent = [core.recent(p) for p in (PREFILL, DECODE, MIXED)]
+    finally:
+        core.stop(10)
+    return totals, recent
+
+
+def py_core(c: StepCosts, span_rate: float = 0.1, capacity: int = 100_000) -> PyStepCore:
+    return PyStepCore(c, None, None, capacity, span_rate, 0.001)
+
+
+def c_core(c: StepCosts, span_rate: float = 0.1, capacity: int = 100_000) -> Any:
+    return native_core(native, c, capacity, span_rate, 0.001, None, 0, 0, None, None)
+
+
+@needs_c
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("model", ["llama-3-8b", "no-attention-shape", "none"])
+def test_c_and_python_cores_agree_exactly(seed: int, model: str) -> None:
+    spec = {"llama-3-8b": MODEL, "no-attention-shape": ModelSpec(name="x", params=1e9, weight_bytes=2e9),
+            "none": None}[model]
+    records = random_records(random.Random(seed), 3000)
+    py = run(py_core(costs(spec)), records)
+    c = run(c_core(costs(spec)), records)
+    assert c == py  # every count, sum, sample and window entry, bit for bit
+    totals, _ = py
+    assert sum(p.steps for p in totals.phases) == len(records)
+    assert len(totals.samples) == 300  # span_rate 0.1: every tenth step, deterministically
+
+
+def test_costs_are_the_budget_formulas() -> None:
+    c = costs()
+    rng = random.Random(7)
+    for _ in range(500):
+        lens = [rng.randrange(1, 5000) for _ in range(rng.randrange(1, 6))]
+        ctx = rng.randrange(0, 100_000)
+        batch = rng.randrange(1, 256)
+        s, sq, n = lens_summary(PREFILL, len(lens), -1, lens)
+        nbytes, flops, tokens = c.cost(DECODE, batch, ctx, 0, 0, 0)
+        assert nbytes == budget.decode_step_bytes(MODEL, ctx)
+        assert flops == budget.decode_flops(MODEL, batch, ctx)
+        assert tokens == batch
+        nbytes, flops, tokens = c.cost(PREFILL, len(lens), ctx, s, sq, n)
+        assert nbytes == budget.prefill_step_bytes(MODEL, lens, ctx)
+        assert flops == budget.prefill_flops(MODEL, lens, cached_tokens=ctx)
+        assert tokens == sum(lens)
+        nbytes, flops, tokens = c.cost(MIXED, batch, ctx, s, sq, n)
+        assert nbytes == budget.mixed_step_bytes(MODEL, lens, ctx)
+        assert flops == budget.mixed_step_flops(MODEL, lens, batch, ctx)
+        assert tokens == sum(lens) + batch
+
+
+def test_an_even_split_of_prefill_tokens_is_what_servers_mean() -> None:
+    assert lens_summary(PREFILL, 3, 10, None) == (10, 4 * 4 + 3 * 3 + 3 * 3, 3)
+    assert lens_summary(PREFILL, 0, 10, None) == (10, 100, 1)
+    assert lens_summary(DECODE, 8, -1, None) == (0, 0, 0)
+
+
+def test_buckets_count_as_prometheus_observe_would() -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    values = [0.0, 0.0005, 0.00050001, 0.0015, 0.1, 2.5, 2.5000001, 1e9]
+    recs = [StepRecord(DECODE, HOST, 0, round(v * 1e9), None, None, 1, -1, 0, 0, 0, 0, None) for v in values]
+    totals, _ = run(py_core(costs(), span_rate=0.0), recs, feed_window=False)
+    h = Histogram("x", "x", registry=CollectorRegistry(), buckets=STEP)
+    for r in recs:
+        h.observe((r.t1 - r.t0) / 1e9)
+    counts = [int(s.value) for s in next(iter(h.collect())).samples if s.name == "x_bucket"]
+    cumulative = [sum(totals.phases[DECODE].step_counts[: i + 1]) for i in range(len(STEP) + 1)]
+    assert cumulative == counts
+    assert len(totals.phases[DECODE].mbu_counts) == len(UTIL) + 1
+
+
+def scripted_run(hot_path: str, seed: int) -> tuple[Any, ...]:
+    """The same scripted GPU steps (random device times, host gaps, sizes, a few user errors) through a
+    Monitor on *hot_path*; everything its registry and its core report."""
+    from prometheus_client import generate_latest
+
+    from perfsdk.testing import FakeClock, monitor_harness
+
+    rng = random.Random(seed)
+    clock = FakeClock()
+    gpu = FakeGpu(capacity=2048)
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock, hot_path=hot_path, _events=gpu,
+                         step_span_rate=0.25, otel=False) as h:
+        mon = h.monitor
+        for _ in range(400):
+            phase = rng.choice(("decode", "decode", "prefill", "mixed"))
+            step = (mon.decode(batch=rng.randrange(1, 64), context_tokens=rng.randrange(0, 10**6))
+                    if phase == "decode" else
+                    mon.prefill(seq_lens=[rng.randrange(1, 4096) for _ in range(rng.randrange(1, 5))],
+                                cached_tokens=rng.randrange(0, 10_000))
+                    if phase == "prefill" else
+                    mon.mixed(prefill_seq_lens=[rng.randrange(1, 512)], decode_batch=rng.randrange(1, 32),
+                              context_tokens=rng.randrange(0, 10**5)))
+            try:
+                with step:
+                    gpu.now_ms += rng.choice((0.125, 1.5, 7.25, 33.0))
+                    if rng.random() < 0.02:
+                        raise KeyError("user")
+            except KeyError:
+                pass
+            clock.advance(rng.choice((0.0, 2e-6, 5e-5, 1e-3)))  # some chain, some start fresh
+        assert mon.flush(10)
+        recent = tuple(mon._core.recent(p) for p in (PREFILL, DECODE, MIXED))
+        text = generate_latest(h.registry).decode()
+        return recent, [ln for ln in text.splitlines() if not ln.startswith("#") and "_created" not in ln]
+
+
+@needs_c
+@pytest.mark.parametrize("seed", [11, 12])
+def test_timed_steps_through_both_pipelines_export_the_same_numbers(seed: int) -> None:
+    """A scripted GPU reached through the Python EventApi (Python hot path and core) and through C function
+    pointers (the C ones): identical step times, MBU/MFU and exposition, to the last bit."""
+    c = scripted_run("c", seed)
+    py = scripted_run("python", seed)
+    assert c == py
+    assert len(c[0][DECODE][2]) > 150  # the decode steps were timed
