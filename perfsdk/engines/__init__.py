@@ -1,15 +1,16 @@
-"""perfsdk with LLM engines that time themselves: vLLM (:mod:`perfsdk.engines.vllm`, a stat-logger plugin)
-and SGLang (:mod:`perfsdk.engines.sglang`, a subscriber to its forward-pass metrics: ``perfsdk sglang``).
+"""perfsdk inside LLM engines, loaded by the engines themselves: vLLM (:mod:`perfsdk.engines.vllm`,
+``docs/vllm.md``) and SGLang (:mod:`perfsdk.engines.sglang_hook`, ``docs/sglang.md``).
 
-An engine already measures its steps and requests; these integrations hand those values to a
-:class:`perfsdk.Monitor` (``record_step``, ``record_latencies``, ``record_finished``), which adds what the
-engine does not say — MBU and MFU against the exact GPU's floors, perfsdk's metric names beside the
-engine's own, OpenTelemetry request spans, the Grafana dashboard and alerts in ``integrations/grafana`` —
-through each engine's public extension point, never by patching it.
+In each GPU process of the engine (a vLLM worker, an SGLang scheduler) a hook opens a perfsdk step —
+a pooled CUDA event — where the engine's step starts and closes it where it ends, sized exactly from
+the engine's own batch description (:class:`~perfsdk.engines._common.StepShape`): device time, MBU and
+MFU per GPU, on the engine's own ``/metrics`` through ``PROMETHEUS_MULTIPROC_DIR`` or on a port per rank.
+The engines' request latencies come from what they measure themselves (vLLM's stat loggers:
+:mod:`perfsdk.engines.vllm.stats`). Beside an unmodified SGLang, ``perfsdk sglang``
+(:mod:`perfsdk.engines.sglang`) reads its forward-pass metrics feed from another process.
 
-:mod:`perfsdk.engines.vllm` imports vLLM at import time (vLLM's plugin loader imports it, in vLLM's
-process); without vLLM it raises :class:`perfsdk.errors.MissingDependencyError`.
-:mod:`perfsdk.engines.sglang` needs only ``pyzmq`` and ``msgspec`` (``perfsdk[sglang]``), not SGLang.
+Importing this package imports no engine. The hooks are loaded through each engine's plugin entry points
+(``pyproject.toml``), check the engine's version, and never raise into it.
 """
 
 __all__ = ["split_evenly"]

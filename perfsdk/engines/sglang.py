@@ -1,5 +1,10 @@
 """perfsdk beside SGLang: MBU and MFU of every forward pass, from SGLang's Forward Pass Metrics feed.
 
+The out-of-process option. With perfsdk installed in SGLang's environment, its in-process hook
+(:mod:`perfsdk.engines.sglang_hook`) gives device-time steps with exact per-sequence sizes on SGLang's own
+``/metrics`` instead; use this subscriber when the server image cannot change, or to read the numbers in
+another process or host (``docs/sglang.md`` compares the two).
+
 SGLang's scheduler can publish one message per iteration — its Forward Pass Metrics, the feed NVIDIA
 Dynamo's planner reads — on a ZMQ PUB socket per data-parallel rank: the GPU time of the forward
 (CUDA events, first start to last end) and what it computed (prefill requests and tokens, the cached

@@ -1,19 +1,33 @@
-"""``perfsdk sglang`` against SGLang's own forward-pass-metrics publisher (sglang 0.5.23, its own venv:
-scripts/test_engine.sh sglang).
+"""perfsdk's SGLang integrations against the real ``sglang`` package (0.5.23, its own venv:
+scripts/test_engine.sh sglang). No GPU here, so no model runs.
 
-No GPU here, so no scheduler runs; the messages are SGLang's ``ForwardPassMetrics`` structs, encoded
-and sent by SGLang's ``_FpmPublisherThread`` on the per-rank endpoints its scheduler binds, exactly as
-a server started with ``--enable-forward-pass-metrics --forward-pass-metrics-ipc-name BASE`` does.
+The in-process hook: SGLang's plugin loader runs perfsdk's entry point and SGLang's ``HookRegistry``
+applies its hook to SGLang's ``ModelRunner.forward``, which runs here on a CPU subclass whose model
+execution is a stand-in (``sglang_cpu_runner.py`` says what is replaced), fed real ``ForwardBatch``
+objects; ``sglang_server.py`` runs SGLang's process layout (two spawned tensor-parallel scheduler
+processes, ``--enable-metrics``) and serves SGLang's own ``/metrics`` app, scraped here over HTTP.
+
+``perfsdk sglang``: the messages are SGLang's ``ForwardPassMetrics`` structs, encoded and sent by SGLang's
+``_FpmPublisherThread`` on the per-rank endpoints its scheduler binds, exactly as a server started with
+``--enable-forward-pass-metrics --forward-pass-metrics-ipc-name BASE`` does.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
+import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +35,17 @@ import pytest
 fpm = pytest.importorskip("sglang.srt.observability.forward_pass_metrics",
                           reason="the SGLang suite runs in its own venv: bash scripts/test_engine.sh sglang")
 
-from perfsdk import budget  # noqa: E402
+import sglang_cpu_runner as cpu  # noqa: E402  (a placeholder torchvision first)
+from prometheus_client import REGISTRY  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
+from sglang.srt.plugins import load_plugins, load_plugins_by_group  # noqa: E402
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: E402
+
+from perfsdk import budget, hardware  # noqa: E402
+from perfsdk.engines import _common as engine_common  # noqa: E402
+from perfsdk.engines import sglang_hook  # noqa: E402
+from perfsdk.engines._common import StepShape  # noqa: E402
 from perfsdk.engines.sglang import FPM_VERSION, FpmSubscriber  # noqa: E402
 from perfsdk.hardware import HardwareSpec  # noqa: E402
 from perfsdk.model import ModelSpec  # noqa: E402
@@ -120,3 +144,209 @@ def test_perfsdk_sglang_serves_the_steps_on_metrics(tmp_path: Any) -> None:
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     assert "steps from" in out
+
+
+# ---- the in-process hook: SGLang's plugin loader, its HookRegistry, its ModelRunner.forward -----------------
+
+
+
+SPEC = dataclasses.replace(ModelSpec.from_hf_config(cpu.LLAMA, dtype="bfloat16"), name="tiny-llama")
+PHASES = ("prefill", "decode", "mixed")
+# what perfsdk reads from cpu.workload(): exact lengths from each ForwardBatch
+EXPECTED = [
+    StepShape((100, 28), 0, 0, 0, 0),
+    StepShape((125, 2), 28, 1, 1, 101),
+    StepShape((), 0, 2, 2, 32 + 201),
+    StepShape((), 0, 2, 6, (20 + 3) + (40 + 3)),  # a verify step decodes 1 + 2 drafts per sequence
+    None,  # IDLE
+]
+
+
+def test_sglang_loads_the_hook_through_its_plugin_loader_and_hook_registry() -> None:
+    func, dist = load_plugins_by_group("sglang.srt.plugins")["perfsdk"]
+    assert func is sglang_hook.install and dist == "perfsdk"
+    load_plugins()  # as every scheduler process does first: runs the plugins, then HookRegistry.apply_hooks()
+    (hook_type, hook, source), = HookRegistry._hooks[sglang_hook.TARGET]
+    assert (hook_type, hook, source.plugin_name) == (HookType.AROUND, sglang_hook.around_forward, "perfsdk")
+    assert sglang_hook.TARGET in HookRegistry._patched
+    assert ModelRunner.forward.__wrapped__.__qualname__ == "ModelRunner.forward"  # SGLang's, wrapped
+
+
+def cost(shape: StepShape, spec: ModelSpec = SPEC) -> tuple[str, float, int]:
+    """(phase, bytes, tokens) of one step, from perfsdk.budget's formulas."""
+    lens = list(shape.prefill_lens)
+    if shape.phase == "prefill":
+        return "prefill", budget.prefill_step_bytes(spec, lens, shape.prefill_cached), sum(lens)
+    if shape.phase == "decode":
+        return "decode", budget.decode_step_bytes(spec, shape.decode_context), shape.decode_tokens
+    ctx = shape.decode_context + shape.prefill_cached
+    return "mixed", budget.mixed_step_bytes(spec, lens, ctx), sum(lens) + shape.decode_tokens
+
+
+def expected_series(spec: ModelSpec, ranks: tuple[str, ...] = ("",)) -> dict[tuple[str, str, str], float]:
+    want: dict[tuple[str, str, str], float] = {}
+    for shape in EXPECTED:
+        if shape is None:
+            continue
+        phase, nbytes, tokens = cost(shape, spec)
+        for rank in ranks:
+            for name, v in (("perfsdk_step_seconds_count", 1.0), ("perfsdk_step_tokens_total", tokens),
+                            ("perfsdk_step_bytes_total", nbytes)):
+                want[(name, phase, rank)] = want.get((name, phase, rank), 0) + v
+    return want
+
+
+def registry_series() -> dict[tuple[str, str, str], float]:
+    out = {}
+    for p in PHASES:
+        for n in ("perfsdk_step_seconds_count", "perfsdk_step_tokens_total", "perfsdk_step_bytes_total"):
+            out[(n, p, "")] = REGISTRY.get_sample_value(n, {"model": "tiny-llama", "phase": p}) or 0.0
+    return out
+
+
+@pytest.fixture
+def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> cpu.CpuModelRunner:
+    monkeypatch.setenv("PERFSDK_HARDWARE", "h100-sxm")
+    monkeypatch.delenv("PERFSDK_METRICS_PORT", raising=False)
+    load_plugins()
+    return cpu.CpuModelRunner(cpu.scheduler_context(tmp_path))
+
+
+def test_every_forward_is_one_step_sized_exactly_from_the_forward_batch(runner: cpu.CpuModelRunner) -> None:
+    batches = cpu.workload()
+    assert [sglang_hook.forward_shape(fb) for fb in batches] == EXPECTED
+    before = registry_series()
+    for fb in batches:
+        runner.forward(fb)  # SGLang's ModelRunner.forward, with perfsdk's AROUND hook applied by HookRegistry
+    assert runner.seen == ["EXTEND", "MIXED", "DECODE", "TARGET_VERIFY", "IDLE"]  # every forward ran
+    hook = sglang_hook.hook_of(runner)
+    assert hook is not None and (hook.steps, hook.skipped) == (4, 1)
+    assert hook.monitor.model == SPEC and hook.monitor.hardware == hardware.resolve("h100-sxm")
+    assert hook.monitor.flush(10)
+    after = registry_series()
+    got = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+    want = expected_series(SPEC)
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v), k
+    assert hook.monitor.stats()["internal_errors"] == 0
+
+
+def test_sglangs_errors_pass_through_and_perfsdks_stay_inside(runner: cpu.CpuModelRunner,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    runner.forward(cpu.batch("DECODE", [10]))
+    hook = sglang_hook.hook_of(runner)
+    assert hook is not None
+    steps, errors = hook.steps, hook.monitor.stats()["internal_errors"]
+    runner.fail_next = True
+    with pytest.raises(RuntimeError, match="the model failed"):
+        runner.forward(cpu.batch("DECODE", [10]))
+    assert hook.steps == steps + 1  # recorded, as a failed step
+
+    def broken(fb: object) -> StepShape:
+        raise ValueError("perfsdk bug")
+
+    monkeypatch.setattr(sglang_hook, "forward_shape", broken)
+    with caplog.at_level(logging.ERROR, logger="perfsdk"):
+        out = runner.forward(cpu.batch("DECODE", [10]))
+    assert out.can_run_graph is False and runner.seen[-1] == "DECODE"  # the forward ran and returned
+    assert hook.monitor.stats()["internal_errors"] == errors + 1
+    assert "perfsdk internal error in sglang forward hook: step begin" in caplog.text
+
+
+def test_a_draft_model_runner_is_not_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PERFSDK_HARDWARE", "h100-sxm")
+    load_plugins()
+    draft = cpu.CpuModelRunner(cpu.scheduler_context(tmp_path), is_draft_worker=True)
+    draft.forward(cpu.batch("DECODE", [10]))
+    assert draft.seen == ["DECODE"] and sglang_hook.hook_of(draft) is None
+
+
+def test_another_sglang_version_gets_a_message_naming_the_range(monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    assert sglang_hook.sglang_version_problem("0.5.23") is None
+    assert sglang_hook.sglang_version_problem("0.5.30") is None
+    for other in ("0.5.22", "0.6.0"):
+        assert "sglang>=0.5.23,<0.6" in (sglang_hook.sglang_version_problem(other) or "")
+    monkeypatch.setattr(sglang_hook, "_REGISTERED", False)
+    monkeypatch.setattr(sglang_hook, "sglang_version_problem",
+                        functools.partial(sglang_hook.sglang_version_problem, "0.7.0"))
+    before = len(HookRegistry._hooks[sglang_hook.TARGET])
+    with caplog.at_level(logging.WARNING, logger="perfsdk"):
+        sglang_hook.install()
+    assert len(HookRegistry._hooks[sglang_hook.TARGET]) == before
+    assert "sglang>=0.5.23,<0.6" in caplog.text and "not installed" in caplog.text
+
+
+def test_a_bad_perfsdk_setting_leaves_sglang_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("PERFSDK_HARDWARE", "no-such-gpu")
+    monkeypatch.setattr(engine_common, "_MONITORS", {})
+    load_plugins()
+    runner = cpu.CpuModelRunner(cpu.scheduler_context(tmp_path))
+    with caplog.at_level(logging.ERROR, logger="perfsdk"):
+        runner.forward(cpu.batch("DECODE", [10]))
+    assert runner.seen == ["DECODE"] and sglang_hook.hook_of(runner) is None
+    assert "not hooked" in caplog.text and "no-such-gpu" in caplog.text
+
+
+# ---- two tensor-parallel scheduler processes on SGLang's /metrics (sglang_server.py) ------------------------
+@pytest.fixture(scope="module")
+def sglang_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("sglang")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+    env = {**os.environ, "PERFSDK_HARDWARE": "h100-sxm", "PERFSDK_METRICS_PORT": str(base),
+           "PERFSDK_PROFILER": "torch", "PERFSDK_PROFILE_DIR": str(tmp / "traces")}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    out = tmp / "stdout"
+    with out.open("w") as stdout, (tmp / "stderr").open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, str(Path(cpu.__file__).parent / "sglang_server.py"), str(tmp)],
+                                stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        info = None
+        while info is None and time.monotonic() < deadline and proc.poll() is None:
+            info = next((json.loads(x) for x in out.read_text().splitlines() if x.startswith("{")), None)
+            time.sleep(0.2)
+        assert info is not None, f"sglang_server.py did not start:\n{(tmp / 'stderr').read_text()[-3000:]}"
+        yield {**info, "port": base}
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_each_rank_reaches_sglangs_metrics_with_its_own_share(sglang_server: dict[str, Any]) -> None:
+    body = urllib.request.urlopen(sglang_server["metrics"], timeout=10).read().decode()
+    got = {}
+    for fam in text_string_to_metric_families(body):
+        for smp in fam.samples:
+            if smp.name.startswith("perfsdk_step_") and smp.labels.get("model") == "tiny-llama":
+                got[(smp.name, smp.labels.get("phase", ""), smp.labels.get("rank", ""))] = smp.value
+    want = expected_series(SPEC.with_tp(2), ranks=("0", "1"))
+    for k, v in want.items():
+        assert got.get(k) == pytest.approx(v), k
+    assert sglang_server["ranks"] == [0, 1]
+
+
+def test_the_profiler_window_is_triggered_per_rank_on_sglang(sglang_server: dict[str, Any]) -> None:
+    def post(rank: int) -> tuple[int, dict[str, Any]]:
+        req = urllib.request.Request(f"http://127.0.0.1:{sglang_server['port'] + rank}/profile?steps=2",
+                                     method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    assert post(1)[0] == 202
+    code, body = post(1)
+    assert code == 409 and body["reason"].startswith("busy")
+    assert post(0)[0] == 202
