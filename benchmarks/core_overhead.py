@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from llama_decode import SHAPES, Model, capture_decode_graph
+from measure import median_ns, timer_floor_ns
 
 import perfsdk
 from perfsdk.model import ModelSpec
@@ -89,29 +90,6 @@ def name_python_threads() -> None:
                 Path(f"/proc/self/task/{t.native_id}/comm").write_text(t.name[:15])
             except OSError:
                 pass  # best effort: an unnamed thread is reported under "other"
-
-
-def median_ns(fn: Callable[[], object], n: int) -> float:
-    batches = []
-    for _ in range(max(n // 100, 5)):
-        t0 = time.perf_counter_ns()
-        for _ in range(100):
-            fn()
-        batches.append((time.perf_counter_ns() - t0) / 100)
-    return statistics.median(batches)
-
-
-def timer_floor_ns(n: int = 20000) -> float:
-    """What a timed step's own four clock reads cost (subtracted from the calls' figure)."""
-    pc = time.perf_counter_ns
-    t0 = pc()
-    for _ in range(n):
-        a = pc()
-        b = pc()
-        c = pc()
-        d = pc()
-        _ = (b - a) + (d - c)
-    return (pc() - t0) / n
 
 
 def environment() -> dict[str, Any]:
@@ -407,6 +385,8 @@ def mbu_agreement(model: Model, spec: ModelSpec, hw: Any, ctx: int, hot_path: st
         bare_ms = []
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for _ in range(10):
+            # 20 back-to-back bare replays between one pair of events (as a server runs them: no sync
+            # between steps), so the per-step time is not padded by a restart after each synchronize
             e0.record()
             for _ in range(20):
                 g.replay()
@@ -423,6 +403,7 @@ def mbu_agreement(model: Model, spec: ModelSpec, hw: Any, ctx: int, hot_path: st
             "perfsdk_mbu_mean": st["mbu_mean"], "independent_mbu_mean": indep,
             "relative_difference": (st["mbu_mean"] - indep) / indep,
             "perfsdk_step_ms_mean": st["step_ms_mean"], "independent_step_ms_mean": statistics.fmean(bare_ms),
+            "independent_step_bytes": indep_bytes,
         }
         mon.close()
     print("== MBU agreement:", json.dumps({k: v["relative_difference"] for k, v in out.items()}), flush=True)

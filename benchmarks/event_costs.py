@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from overhead import median_ns  # this directory is on sys.path when the script runs
+from measure import median_ns  # this directory is on sys.path when the script runs
 
 
 def main() -> int:

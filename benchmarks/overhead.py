@@ -50,22 +50,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from llama_decode import SHAPES, Model, capture_decode_graph
+from measure import median_ns, timer_floor_ns
 from torch import Tensor
 
 import perfsdk
 from perfsdk.model import ModelSpec
 from perfsdk.monitor import load_native
-
-
-def median_ns(fn: Callable[[], object], n: int) -> float:
-    """Median cost of one call in ns, timing batches of 100 calls."""
-    batches = []
-    for _ in range(max(n // 100, 5)):
-        t0 = time.perf_counter_ns()
-        for _ in range(100):
-            fn()
-        batches.append((time.perf_counter_ns() - t0) / 100)
-    return statistics.median(batches)
 
 
 def sync(device: str) -> None:
@@ -261,19 +251,6 @@ def step_loop(mon: perfsdk.Monitor | None, step: Callable[[], object], steps: in
     collector_cpu = thread_cpu_ns(collector) - c0
     return {"step_us": total / steps / 1e3, "hot_path_cpu_us": add_ns / steps / 1e3 if mon is not None else 0.0,
             "serving_thread_cpu_us": serving_cpu / steps / 1e3, "collector_cpu_us": collector_cpu / steps / 1e3}
-
-
-def timer_floor_ns(n: int = 20000) -> float:
-    """What step_loop's own four clock reads cost (subtracted from the hot-path figure)."""
-    pc = time.perf_counter_ns
-    t0 = pc()
-    for _ in range(n):
-        a = pc()
-        b = pc()
-        c = pc()
-        d = pc()
-        _ = (b - a) + (d - c)
-    return (pc() - t0) / n
 
 
 def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: int,
@@ -704,40 +681,13 @@ def mbu_agreement(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: int,
             "independent_step_bytes": indep_bytes,
         }
         mon.close()
-    # the same under a CUDA graph, where device time is not padded by launch gaps: the independent side times
-    # bare replays (no perfsdk at all) with its own events, interleaved with perfsdk-instrumented replays
-    for batch in (1, 8):
-        tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
-        pos = torch.tensor([ctx - 1], device=device)
-        g = capture_decode_graph(model, tokens, pos)
-        kv_bytes = sum(kc[:batch].numel() * kc.element_size() * 2 for kc in model.kc)
-        indep_bytes = weight_bytes + kv_bytes
-        mon = make_monitor(spec, hw, holder)
-        bare_ms = []
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(10):
-            # 20 back-to-back bare replays between one pair of events (as a server runs them: no sync
-            # between steps), so the per-step time is not padded by a restart after each synchronize
-            e0.record()
-            for _ in range(20):
-                g.replay()
-            e1.record()
-            e1.synchronize()
-            bare_ms.append(e0.elapsed_time(e1) / 20)
-            for _ in range(20):
-                with mon.decode(batch=batch, context_tokens=batch * ctx):
-                    g.replay()
-            mon.flush(60)
-        st = mon.stats()["decode"]
-        indep = statistics.fmean(indep_bytes / (ms / 1e3 * hw.memory_bandwidth) for ms in bare_ms)
-        out[f"decode_cuda_graph_batch{batch}"] = {
-            "perfsdk_mbu_mean": st["mbu_mean"], "independent_mbu_mean": indep,
-            "relative_difference": (st["mbu_mean"] - indep) / indep,
-            "perfsdk_step_ms_mean": st["step_ms_mean"], "independent_step_ms_mean": statistics.fmean(bare_ms),
-            "perfsdk_step_bytes": perfsdk.budget.decode_step_bytes(spec, batch * ctx),
-            "independent_step_bytes": indep_bytes,
-        }
-        mon.close()
+    # the same under a CUDA graph, where device time is not padded by launch gaps: core_overhead.py's check
+    # (bare replays timed by their own events, interleaved with perfsdk-instrumented replays)
+    from core_overhead import mbu_agreement as graph_mbu_agreement
+
+    for key, res in graph_mbu_agreement(model, spec, hw, ctx, None).items():
+        batch = 8 if key.endswith("8") else 1
+        out[key] = {**res, "perfsdk_step_bytes": perfsdk.budget.decode_step_bytes(spec, batch * ctx)}
     # prefill MFU, 1 × 1024 tokens
     n = ctx
     prompt = torch.zeros(1, n, dtype=torch.long, device=device)

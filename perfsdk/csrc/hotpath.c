@@ -217,30 +217,6 @@ static void hot_dealloc(Hot *self) {
     PyObject_GC_Del(self);
 }
 
-static long long attr_ll(PyObject *o, const char *name, int *ok) {
-    PyObject *v = PyObject_GetAttrString(o, name);
-    if (!v) {
-        *ok = 0;
-        return 0;
-    }
-    long long r = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (r == -1 && PyErr_Occurred()) *ok = 0;
-    return r;
-}
-
-static void *attr_ptr(PyObject *o, const char *name, int *ok) {
-    PyObject *v = PyObject_GetAttrString(o, name);
-    if (!v) {
-        *ok = 0;
-        return NULL;
-    }
-    void *p = PyLong_AsVoidPtr(v);
-    Py_DECREF(v);
-    if (!p && PyErr_Occurred()) *ok = 0;
-    return p;
-}
-
 /* Hot(state): bind the fields of a perfsdk.hotpath.HotState. */
 static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *st;
@@ -277,8 +253,8 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Py_DECREF(errors);
     if (!self->errors_record) goto fail;
     self->window = Py_NewRef(Py_None);
-    self->is_capturing_fn = (cu_is_capturing_t)attr_ptr(st, "is_capturing_fn", &ok);
-    self->record_fn = (cu_record_t)attr_ptr(st, "record_fn", &ok);
+    self->is_capturing_fn = (cu_is_capturing_t)attr_address(st, "is_capturing_fn", &ok);
+    self->record_fn = (cu_record_t)attr_address(st, "record_fn", &ok);
     self->nvtx_on = (int)attr_ll(st, "nvtx_on", &ok);
     self->chain_gap_ns = attr_ll(st, "chain_gap_ns", &ok);
     self->every = attr_ll(st, "every", &ok);

@@ -69,6 +69,44 @@ typedef struct {
 
 typedef struct StepCore StepCore;
 
+/* Reading a Python object's fields at construction (the HotState, the StepCosts, the DriverAddresses):
+   *ok goes to 0, with an exception set, when an attribute is missing or of the wrong type. */
+static inline long long attr_ll(PyObject *o, const char *name, int *ok) {
+    PyObject *v = PyObject_GetAttrString(o, name);
+    if (!v) {
+        *ok = 0;
+        return 0;
+    }
+    long long r = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (r == -1 && PyErr_Occurred()) *ok = 0;
+    return r;
+}
+
+static inline double attr_double(PyObject *o, const char *name, int *ok) {
+    PyObject *v = PyObject_GetAttrString(o, name);
+    if (!v) {
+        *ok = 0;
+        return 0;
+    }
+    double d = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    if (d == -1.0 && PyErr_Occurred()) *ok = 0;
+    return d;
+}
+
+static inline void *attr_address(PyObject *o, const char *name, int *ok) {
+    PyObject *v = PyObject_GetAttrString(o, name);
+    if (!v) {
+        *ok = 0;
+        return NULL;
+    }
+    void *p = PyLong_AsVoidPtr(v);
+    Py_DECREF(v);
+    if (!p && PyErr_Occurred()) *ok = 0;
+    return p;
+}
+
 /* stepcore.c */
 extern PyTypeObject StepCoreType;
 int core_push(StepCore *core, const StepRecord *rec);   /* 1 queued, 0 dropped (counted); GIL held */

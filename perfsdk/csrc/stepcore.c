@@ -491,30 +491,6 @@ static void *core_main(void *arg) {
 
 /* ------------------------------------------------------------------------------------- Python type */
 
-static double attr_double(PyObject *o, const char *name, int *ok) {
-    PyObject *v = PyObject_GetAttrString(o, name);
-    if (!v) {
-        *ok = 0;
-        return 0;
-    }
-    double d = PyFloat_AsDouble(v);
-    Py_DECREF(v);
-    if (d == -1.0 && PyErr_Occurred()) *ok = 0;
-    return d;
-}
-
-static intptr_t attr_address(PyObject *o, const char *name, int *ok) {
-    PyObject *v = PyObject_GetAttrString(o, name);
-    if (!v) {
-        *ok = 0;
-        return 0;
-    }
-    void *p = PyLong_AsVoidPtr(v);
-    Py_DECREF(v);
-    if (!p && PyErr_Occurred()) *ok = 0;
-    return (intptr_t)p;
-}
-
 static int read_bounds(PyObject *seq, double *out, int max, int *n) {
     PyObject *fast = PySequence_Fast(seq, "bounds must be a sequence");
     if (!fast) return -1;
