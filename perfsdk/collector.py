@@ -107,6 +107,10 @@ class Collector(threading.Thread):
         The round lets go of the GIL between its parts (``time.sleep(0)``), so that a serving thread waiting
         for it waits for one part, not for the whole round or a switch interval (5 ms).
         """
+        markers = list(self.requests.markers)
+        if markers:
+            # a flush is waiting: count every step first, so that its steps go out in this round's one export
+            self.core.sync(markers[0].timeout)
         busy = self._export_steps()
         _yield(0)
         ttft: list[float] = []

@@ -49,7 +49,7 @@ from typing import Any
 
 from perfsdk.errors import ConfigError
 
-__all__ = ["MonitorConfig"]
+__all__ = ["MonitorConfig", "check_int", "check_number", "env"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -80,31 +80,48 @@ def _flag(name: str, value: Any, from_env: bool) -> bool:
     raise ConfigError(f"{name}: expected true or false, got {value!r}")
 
 
-def _int(name: str, value: Any, low: int, high: int) -> int:
+def _range(low: float, high: float | None, open_low: bool) -> str:
+    left = f"> {low:g}" if open_low else f">= {low:g}"
+    return left if high is None else f"{'(' if open_low else '['}{low:g}, {high:g}]"
+
+
+def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    """*value* as an int within [*low*, *high*], else :class:`ConfigError` naming *name*.
+
+    The one integer check of perfsdk's settings (Monitor, profiler window); ``bool`` is refused. A string is
+    parsed only when *name* says it came from the environment.
+    """
+    where = "within " + _range(low, high, False) if high is not None else _range(low, None, False)
     if isinstance(value, str) and "(environment)" in name:
         try:
             value = int(value.strip(), 10)
         except ValueError:
-            raise ConfigError(f"{name}: expected an integer within [{low}, {high}], got {value!r}") from None
+            raise ConfigError(f"{name}: expected an integer {where}, got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name}: expected an integer within [{low}, {high}], got {value!r}")
-    if not low <= value <= high:
-        raise ConfigError(f"{name}: must be within [{low}, {high}], got {value}")
+        raise ConfigError(f"{name}: expected an integer {where}, got {value!r}")
+    if value < low or (high is not None and value > high):
+        raise ConfigError(f"{name}: must be {where}, got {value}")
     return value
 
 
-def _number(name: str, value: Any, low: float, high: float, what: str = "a number") -> float:
+def check_number(name: str, value: Any, low: float, high: float | None = None, *, open_low: bool = False,
+                 what: str = "a number") -> float:
+    """*value* as a finite float within the range, else :class:`ConfigError` naming *name*.
+
+    The one number check of perfsdk's settings: NaN, infinities and ``bool`` are refused; *open_low* makes
+    the lower bound exclusive. A string is parsed only when *name* says it came from the environment.
+    """
+    where = ("within " if high is not None else "") + _range(low, high, open_low)
     if isinstance(value, str) and "(environment)" in name:
         try:
             value = float(value.strip())
         except ValueError:
-            raise ConfigError(f"{name}: expected {what} within [{low:g}, {high:g}], got {value!r}") from None
+            raise ConfigError(f"{name}: expected {what} {where}, got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{name}: expected {what} within [{low:g}, {high:g}], got {value!r}")
+        raise ConfigError(f"{name}: expected {what} {where}, got {value!r}")
     f = float(value)
-    if not math.isfinite(f) or not low <= f <= high:
-        raise ConfigError(f"{name}: expected a finite {what.removeprefix('a ')} within [{low:g}, {high:g}], "
-                          f"got {value!r}")
+    if not math.isfinite(f) or f < low or (open_low and f == low) or (high is not None and f > high):
+        raise ConfigError(f"{name}: expected a finite {what.removeprefix('a ')} {where}, got {value!r}")
     return f
 
 
@@ -186,15 +203,15 @@ class MonitorConfig:
                                            ("event_pool_size", "PERFSDK_EVENT_POOL_SIZE", 1, 2**20),
                                            ("timing_every", "PERFSDK_TIMING_EVERY", 1, 2**20)):
             v, src = get(field, env_name)
-            out[field] = _int(src, v, low, high)
+            out[field] = check_int(src, v, low, high)
         v, src = get("chain_gap_us", "PERFSDK_CHAIN_GAP_US")
-        out["chain_gap_us"] = _number(src, v, 0, 10_000, "a number of microseconds")
+        out["chain_gap_us"] = check_number(src, v, 0, 10_000, what="a number of microseconds")
         v, src = get("step_span_rate", "PERFSDK_STEP_SPAN_RATE")
-        out["step_span_rate"] = _number(src, v, 0, 1, "a fraction")
+        out["step_span_rate"] = check_number(src, v, 0, 1, what="a fraction")
         v, src = get("poll_interval", "PERFSDK_POLL_INTERVAL")
-        out["poll_interval"] = _number(src, v, 1e-4, 10, "a number of seconds")
+        out["poll_interval"] = check_number(src, v, 1e-4, 10, what="a number of seconds")
         v, src = get("export_interval", "PERFSDK_EXPORT_INTERVAL")
-        out["export_interval"] = _number(src, v, 1e-3, 60, "a number of seconds")
+        out["export_interval"] = check_number(src, v, 1e-3, 60, what="a number of seconds")
         v, src = get("strict", "PERFSDK_STRICT")
         out["strict"] = _flag(src, v, False)
         v, src = get("compute_dtype", None)
@@ -203,11 +220,11 @@ class MonitorConfig:
         out["compute_dtype"] = v
         v, src = get("rank", "PERFSDK_RANK")
         if isinstance(v, str) and v not in ("auto", "none") and "(environment)" in src:
-            v = _int(src, v, 0, 2**20)
+            v = check_int(src, v, 0, 2**20)
         elif isinstance(v, bool) or (isinstance(v, int) and not 0 <= v <= 2**20) or (
                 not isinstance(v, int) and v not in ("auto", "none")):
             raise ConfigError(f"{src}: expected 'auto', None or a rank number, got {v!r}")
         out["rank"] = None if v == "none" else v
         v, src = get("metrics_port", "PERFSDK_METRICS_PORT")
-        out["metrics_port"] = None if v is None else _int(src, v, 0, 65535)
+        out["metrics_port"] = None if v is None else check_int(src, v, 0, 65535)
         return cls(**out)

@@ -52,6 +52,7 @@ __all__ = [
     "StepRecord",
     "check_count",
     "lens_summary",
+    "split_evenly",
 ]
 
 # ---- steps -------------------------------------------------------------------------------------
@@ -106,6 +107,16 @@ def lens_summary(phase: int, batch: int, tokens: int, seq_lens: Sequence[int] | 
     b = max(batch, 1)
     base, extra = divmod(tokens, b)
     return tokens, extra * (base + 1) ** 2 + (b - extra) * base * base, b
+
+
+def split_evenly(tokens: int, requests: int) -> list[int]:
+    """*tokens* over *requests* sequences as evenly as possible (engines report only the sums).
+
+    The same split :func:`lens_summary` summarises for a prefill given only its tokens and batch.
+    """
+    n = max(int(requests), 1)
+    base, extra = divmod(int(tokens), n)
+    return [base + (1 if i < extra else 0) for i in range(n) if base or i < extra]
 
 
 def check_count(field: str, value: Any) -> int:
@@ -206,7 +217,7 @@ class RequestQueue:
     marker is never dropped.
     """
 
-    __slots__ = ("_events", "capacity", "clock", "dropped", "errors", "strict")
+    __slots__ = ("_events", "capacity", "clock", "dropped", "errors", "markers", "strict")
 
     def __init__(self, capacity: int, clock: Callable[[], int], errors: ErrorGuard, strict: bool) -> None:
         self._events: deque[RequestEvent] = deque()
@@ -215,6 +226,7 @@ class RequestQueue:
         self.errors = errors
         self.strict = strict
         self.dropped = 0
+        self.markers: list[Flush] = []  # flush markers queued and not yet read
 
     def push(self, event: RequestEvent) -> None:
         if len(self._events) >= self.capacity:
@@ -223,13 +235,17 @@ class RequestQueue:
         self._events.append(event)
 
     def push_marker(self, event: Flush) -> None:
+        self.markers.append(event)
         self._events.append(event)
 
     def pop(self) -> RequestEvent | None:
         try:
-            return self._events.popleft()
+            ev = self._events.popleft()
         except IndexError:
             return None
+        if type(ev) is Flush:
+            self.markers.remove(ev)
+        return ev
 
     def __len__(self) -> int:
         return len(self._events)

@@ -13,11 +13,6 @@ Importing this package imports no engine. The hooks are loaded through each engi
 (``pyproject.toml``), check the engine's version, and never raise into it.
 """
 
+from perfsdk.records import split_evenly
+
 __all__ = ["split_evenly"]
-
-
-def split_evenly(tokens: int, requests: int) -> list[int]:
-    """*tokens* over *requests* sequences as evenly as possible (engines report only the sums)."""
-    n = max(int(requests), 1)
-    base, extra = divmod(int(tokens), n)
-    return [base + (1 if i < extra else 0) for i in range(n) if base or i < extra]

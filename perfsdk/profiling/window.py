@@ -76,6 +76,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from perfsdk.config import check_int, check_number
 from perfsdk.errors import ConfigError
 from perfsdk.profiling.capture import (
     NsysSession,
@@ -176,19 +177,6 @@ class CaptureHandle:
         return d
 
 
-def _check(field_name: str, value: Any, kind: type, low: float | None = None, high: float | None = None,
-           open_low: bool = False) -> Any:
-    ok_type = (isinstance(value, (int, float)) and not isinstance(value, bool)) if kind is float else \
-        (type(value) is kind)
-    if not ok_type:
-        raise ConfigError(f"{field_name}: expected {'a number' if kind is float else kind.__name__}, got {value!r}")
-    if low is not None and (value <= low if open_low else value < low):
-        raise ConfigError(f"{field_name}: must be {'>' if open_low else '>='} {low}, got {value!r}")
-    if high is not None and value > high:
-        raise ConfigError(f"{field_name}: must be <= {high}, got {value!r}")
-    return value
-
-
 class ProfilerWindow:
     """See the module docstring. Built by :meth:`perfsdk.Monitor.enable_profiler`."""
 
@@ -223,30 +211,30 @@ class ProfilerWindow:
     ) -> None:
         self.mode = self._check_mode(mode)
         self.steps = self._check_steps(steps)
-        self.wait = _check("wait", wait, int, 0)
-        self.warmup = _check("warmup", warmup, int, 0)
+        self.wait = check_int("wait", wait, 0)
+        self.warmup = check_int("warmup", warmup, 0)
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
             raise ConfigError(f"directory: expected a path, got {directory!r}")
         self.directory = os.path.abspath(os.fspath(directory))
-        self.keep = _check("keep", keep, int, 1)
-        self.min_free_mb = float(_check("min_free_mb", min_free_mb, float, 0))
-        _check("steady_window", steady_window, int, 2)
-        _check("steady_cv", steady_cv, float, 0, open_low=True)
-        _check("warmup_steps", warmup_steps, int, 0)
-        self.steady_timeout_s = float(_check("steady_timeout_s", steady_timeout_s, float, 0, open_low=True))
-        self.max_capture_s = float(_check("max_capture_s", max_capture_s, float, 0, open_low=True))
+        self.keep = check_int("keep", keep, 1)
+        self.min_free_mb = check_number("min_free_mb", min_free_mb, 0)
+        check_int("steady_window", steady_window, 2)
+        check_number("steady_cv", steady_cv, 0, open_low=True)
+        check_int("warmup_steps", warmup_steps, 0)
+        self.steady_timeout_s = check_number("steady_timeout_s", steady_timeout_s, 0, open_low=True)
+        self.max_capture_s = check_number("max_capture_s", max_capture_s, 0, open_low=True)
         for name, flag in (("auto", auto), ("signal", signal), ("record_shapes", record_shapes),
                            ("with_stack", with_stack), ("profile_memory", profile_memory)):
             if not isinstance(flag, bool):
                 raise ConfigError(f"{name}: expected True or False, got {flag!r}")
-        _check("auto_drop", auto_drop, float, 0, 1, open_low=True)
+        check_number("auto_drop", auto_drop, 0, 1, open_low=True)
         if auto_drop >= 1:
             raise ConfigError(f"auto_drop: a fraction below 1, got {auto_drop!r}")
-        _check("auto_windows", auto_windows, int, 1)
-        _check("auto_baseline_windows", auto_baseline_windows, int, 1)
-        _check("auto_window_steps", auto_window_steps, int, 1)
-        _check("cooldown_s", cooldown_s, float, 0)
-        _check("max_per_hour", max_per_hour, int, 1)
+        check_int("auto_windows", auto_windows, 1)
+        check_int("auto_baseline_windows", auto_baseline_windows, 1)
+        check_int("auto_window_steps", auto_window_steps, 1)
+        check_number("cooldown_s", cooldown_s, 0)
+        check_int("max_per_hour", max_per_hour, 1)
         if clock is not None and not callable(clock):
             raise ConfigError(f"clock: expected a () -> seconds callable, got {clock!r}")
         if self.mode == "torch" and importlib.util.find_spec("torch") is None:
@@ -298,7 +286,7 @@ class ProfilerWindow:
 
     @staticmethod
     def _check_steps(steps: Any) -> int:
-        return int(_check("steps", steps, int, 1, MAX_STEPS))
+        return check_int("steps", steps, 1, MAX_STEPS)
 
     # ---- triggers (any thread) --------------------------------------------------------------------
     @property
