@@ -221,20 +221,20 @@ class StepMaker:
     def _none(phase: str, *_: Any) -> Step:
         return NoStep(phase)
 
-    def _python(self, phase: str, batch: Any, tokens: Any, ctx: Any, seq_lens: Any) -> Step:
+    def _python(self, phase: str, batch: Any, tokens: Any, context_tokens: Any, seq_lens: Any) -> Step:
         try:
-            return Step(self.state, phase, batch, tokens, ctx, seq_lens)
+            return Step(self.state, phase, batch, tokens, context_tokens, seq_lens)
         except ConfigError as e:
             return self.refused(phase, e)
 
-    def slow(self, phase: str, batch: Any, tokens: Any, ctx: Any, seq_lens: Any) -> Any:
+    def slow(self, phase: str, batch: Any, tokens: Any, context_tokens: Any, seq_lens: Any) -> Any:
         """The C path's constructor for sizes that are not plain ints: validated here, as Step does."""
         try:
-            b, t, c, lens, dynamic = check_sizes(phase, batch, tokens, ctx, seq_lens)
+            b, t, c, lens, dynamic = check_sizes(phase, batch, tokens, context_tokens, seq_lens)
         except ConfigError as e:
             return self.refused(phase, e)
         if dynamic:
-            return Step(self.state, phase, batch, tokens, ctx, seq_lens)  # a decorator only
+            return Step(self.state, phase, batch, tokens, context_tokens, seq_lens)  # a decorator only
         return load_native().make_step(self.hot, phase, b, None if t < 0 else t, c, lens)
 
     def refused(self, phase: str, e: ConfigError) -> Step:

@@ -51,7 +51,7 @@ class DriverAddresses(NamedTuple):
 
     Signatures are libcuda's: ``cuEventRecord(event, stream)``, ``cuStreamIsCapturing(stream, int*)``,
     ``cuEventQuery(event)``, ``cuEventSynchronize(event)``, ``cuEventElapsedTime(float*, start, end)``,
-    ``cuCtxSetCurrent(ctx)`` and ``cuThreadExchangeStreamCaptureMode(int*)``; events and streams are the
+    ``cuCtxSetCurrent(context)`` and ``cuThreadExchangeStreamCaptureMode(int*)``; events and streams are the
     handles :meth:`EventApi.new` and the stream call return. A scripted GPU in the tests provides the same
     through ctypes callbacks.
     """
@@ -116,11 +116,11 @@ class DriverEvents:
         _fn(c, ("cuInit",), [u])(0)
         dev = i()
         self._check("cuDeviceGet", _fn(c, ("cuDeviceGet",), [ctypes.POINTER(i), i])(ctypes.byref(dev), device))
-        ctx = vp()
+        context = vp()
         retain = _fn(c, ("cuDevicePrimaryCtxRetain",), [pvp, i])
-        self._check("cuDevicePrimaryCtxRetain", retain(ctypes.byref(ctx), dev))
+        self._check("cuDevicePrimaryCtxRetain", retain(ctypes.byref(context), dev))
         self._dev = dev.value
-        self._ctx = ctx.value
+        self._context = context.value
         self._ctx_release = _fn(c, ("cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"), [i])
         self._ctx_set = _fn(c, ("cuCtxSetCurrent",), [vp])
         self._ctx_get = _fn(c, ("cuCtxGetCurrent",), [pvp])
@@ -161,12 +161,12 @@ class DriverEvents:
         """
         cur = ctypes.c_void_p()
         if self._ctx_get(ctypes.byref(cur)) == CUDA_SUCCESS and not cur.value:
-            self._check("cuCtxSetCurrent", self._ctx_set(self._ctx))
+            self._check("cuCtxSetCurrent", self._ctx_set(self._context))
 
     def new(self) -> int:
         # in this device's primary context whatever is current on the calling thread (which may be
         # another device's): pushed for the call, popped after
-        self._check("cuCtxPushCurrent", self._ctx_push(self._ctx))
+        self._check("cuCtxPushCurrent", self._ctx_push(self._context))
         try:
             ev = ctypes.c_void_p()
             self._check("cuEventCreate", self._create(ctypes.byref(ev), CU_EVENT_BLOCKING_SYNC))
@@ -215,7 +215,7 @@ class DriverEvents:
             record=self.record_address(), is_capturing=self.capture_check_address(), query=address("cuEventQuery"),
             synchronize=address("cuEventSynchronize"),
             elapsed=address("cuEventElapsedTime_v2") or address("cuEventElapsedTime"),
-            ctx_set_current=address("cuCtxSetCurrent"), context=int(self._ctx or 0),
+            ctx_set_current=address("cuCtxSetCurrent"), context=int(self._context or 0),
             exchange_capture_mode=address("cuThreadExchangeStreamCaptureMode"),
         )
 

@@ -169,8 +169,8 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
     ``isinstance(step, perfsdk.Step)`` holds for the C implementation too.
     """
 
-    __slots__ = ("_batch", "_code", "_ctx", "_dynamic", "_ev", "_hot", "_lens", "_outer", "_phase", "_seq_lens",
-                 "_state", "_stream", "_t0", "_tokens")
+    __slots__ = ("_batch", "_code", "_context_tokens", "_dynamic", "_ev", "_hot", "_lens", "_outer", "_phase",
+                 "_seq_lens", "_state", "_stream", "_t0", "_tokens")
 
     def __init__(self, hot: HotState, phase: str, batch: Any, tokens: Any, context_tokens: Any,
                  seq_lens: Any) -> None:
@@ -182,10 +182,10 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
                 and 0 <= context_tokens <= MAX_COUNT and (tokens is None or (type(tokens) is int
                                                                              and 0 <= tokens < 2**31))
                 and seq_lens is None):
-            self._batch, self._ctx, self._seq_lens, self._dynamic = batch, context_tokens, None, False
+            self._batch, self._context_tokens, self._seq_lens, self._dynamic = batch, context_tokens, None, False
             self._tokens = NO_TOKENS if tokens is None else tokens
         else:
-            self._batch, self._tokens, self._ctx, self._seq_lens, self._dynamic = check_sizes(
+            self._batch, self._tokens, self._context_tokens, self._seq_lens, self._dynamic = check_sizes(
                 phase, batch, tokens, context_tokens, seq_lens)
         # what the step's cost needs of its sequence lengths, once (as the C step does)
         self._lens = (0, 0, 0) if code == DECODE or self._dynamic else lens_summary(
@@ -203,7 +203,7 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
     @property
     def sizes(self) -> tuple[Any, Any, Any, Any]:
         """``(batch, tokens, context_tokens, seq_lens)``; tokens is None when not given."""
-        return (self._batch, None if self._tokens == NO_TOKENS else self._tokens, self._ctx, self._seq_lens)
+        return (self._batch, None if self._tokens == NO_TOKENS else self._tokens, self._context_tokens, self._seq_lens)
 
     def __enter__(self) -> Step:
         hot = self._hot
@@ -329,8 +329,9 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
                 hot.last_exit = 0  # an untimed step: the next timed one must not start before it
             s, sq, n = self._lens
             # tuple.__new__ skips the NamedTuple's Python-level __new__ (the same object, a frame cheaper)
+            error = None if exc_type is None else exc_type.__qualname__
             rec = _new_record(StepRecord, (self._code, timing, t0, t1, start, end, self._batch, self._tokens,
-                                           self._ctx, s, sq, n, None if exc_type is None else exc_type.__qualname__))
+                                           self._context_tokens, s, sq, n, error))
             if not hot.core.push(rec) and ev:
                 _let_go(hot, ev)  # dropped (the core is behind): the step's holds end here
             w = hot.window
@@ -356,7 +357,7 @@ class NoStep(Step):
         self._phase = phase
         self._code = PHASE_CODES.get(phase, 0)
         self._lens = (0, 0, 0)
-        self._batch, self._tokens, self._ctx, self._seq_lens = 0, NO_TOKENS, 0, None
+        self._batch, self._tokens, self._context_tokens, self._seq_lens = 0, NO_TOKENS, 0, None
         self._dynamic = False
         self._state = _IDLE
         self._outer = None
@@ -410,16 +411,16 @@ def decorate(new_step: Callable[..., Any], compiling: Callable[[], bool], errors
     is counted and the call still runs, untimed.
     """
     phase = step.phase
-    batch, tokens, ctx, seq_lens = step.sizes
-    dynamic = any(callable(v) for v in (batch, tokens, ctx, seq_lens))
+    batch, tokens, context_tokens, seq_lens = step.sizes
+    dynamic = any(callable(v) for v in (batch, tokens, context_tokens, seq_lens))
 
     def fresh(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if compiling():  # torch.compile traces this: the Python Step, a no-op there
             return NoStep(phase)
         if not dynamic:
-            return new_step(phase, batch, tokens, ctx, seq_lens)
+            return new_step(phase, batch, tokens, context_tokens, seq_lens)
         try:
-            vals = [v(*args, **kwargs) if callable(v) else v for v in (batch, tokens, ctx, seq_lens)]
+            vals = [v(*args, **kwargs) if callable(v) else v for v in (batch, tokens, context_tokens, seq_lens)]
             b, t, c, s, _ = check_sizes(phase, *vals)
         except Exception as e:  # a size callable that fails or returns a bad value: the call still runs
             errors.record(e, f"@{phase} size callable")

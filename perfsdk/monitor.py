@@ -212,7 +212,7 @@ class Monitor:
         self._rank_label, self._prom, self._otel = parts.rank_label, parts.prom, parts.otel
         self._requests, self._core, self._pool = parts.requests, parts.core, parts.pool
         self._hot_state, self._compiling = parts.hot_state, parts.compiling
-        self._capture_ctx = self._otel.capture_context if self._otel is not None else None
+        self._otel_context = self._otel.capture_context if self._otel is not None else None
         self._steps = assembly.StepMaker(self._hot_state, self.hot_path, self._enabled, self._compiling,
                                          self._errors, cfg.strict)
         if self._enabled:
@@ -258,9 +258,9 @@ class Monitor:
             self._requests.refuse("request", f"arrival_ns must be an int timestamp, got {arrival_ns!r}")
             arrival_ns = None
         parent = None
-        if self._capture_ctx is not None:
+        if self._otel_context is not None:
             try:
-                parent = self._capture_ctx()
+                parent = self._otel_context()
             except Exception as e:
                 self._errors.record(e, "request context")
         return Request(self._requests, prompt_tokens, self._clock() if arrival_ns is None else arrival_ns,

@@ -161,7 +161,7 @@ typedef struct {
     PyObject *nvtx_push, *nvtx_pop;
     PyObject *window;         /* the profiler window or None (the Monitor sets it when it changes) */
     PyObject *decorate;       /* (step, fn) -> wrapped fn */
-    PyObject *slow_step;      /* (phase, batch, tokens, ctx, seq_lens) -> a step */
+    PyObject *slow_step;      /* (phase, batch, tokens, context_tokens, seq_lens) -> a step */
     long long chain_gap_ns;
     long long every;
     long long count;          /* steps entered (for every) */
@@ -386,9 +386,9 @@ typedef struct {
     PyObject_HEAD
     Hot *hot;
     PyObject *phase;                      /* "prefill", "decode" or "mixed" */
-    PyObject *batch, *tokens, *ctx, *seq_lens;  /* as given (for .sizes) */
+    PyObject *batch, *tokens, *context_tokens, *seq_lens;  /* as given (for .sizes) */
     int32_t code;                         /* PHASE_* */
-    int64_t nbatch, ntokens, nctx, lens_sum, lens_sq, lens_count;
+    int64_t nbatch, ntokens, ncontext, lens_sum, lens_sq, lens_count;
     int state;
     long long t0;
     int timed;                            /* 0: no events, 1: events held, -1: counted not timed */
@@ -401,7 +401,7 @@ static int step_traverse(Step *self, visitproc visit, void *arg) {
     Py_VISIT(self->hot);
     Py_VISIT(self->batch);
     Py_VISIT(self->tokens);
-    Py_VISIT(self->ctx);
+    Py_VISIT(self->context_tokens);
     Py_VISIT(self->seq_lens);
     Py_VISIT(self->outer);
     return 0;
@@ -412,7 +412,7 @@ static int step_clear(Step *self) {
     Py_CLEAR(self->phase);
     Py_CLEAR(self->batch);
     Py_CLEAR(self->tokens);
-    Py_CLEAR(self->ctx);
+    Py_CLEAR(self->context_tokens);
     Py_CLEAR(self->seq_lens);
     Py_CLEAR(self->outer);
     return 0;
@@ -480,9 +480,9 @@ static int summarise(int32_t code, int64_t batch, int64_t tokens, PyObject *seq_
     return 1;
 }
 
-static Step *step_make(Hot *hot, PyObject *phase, int32_t code, PyObject *batch, PyObject *tokens, PyObject *ctx,
-                       PyObject *seq_lens, int64_t nbatch, int64_t ntokens, int64_t nctx, int64_t sum, int64_t sq,
-                       int64_t count) {
+static Step *step_make(Hot *hot, PyObject *phase, int32_t code, PyObject *batch, PyObject *tokens,
+                       PyObject *context_tokens, PyObject *seq_lens, int64_t nbatch, int64_t ntokens,
+                       int64_t ncontext, int64_t sum, int64_t sq, int64_t count) {
     /* a GC type: a user may keep a step where it closes a cycle back to the Monitor */
     Step *s = PyObject_GC_New(Step, &StepType);
     if (!s) return NULL;
@@ -490,12 +490,12 @@ static Step *step_make(Hot *hot, PyObject *phase, int32_t code, PyObject *batch,
     s->phase = Py_NewRef(phase);
     s->batch = Py_NewRef(batch);
     s->tokens = Py_NewRef(tokens);
-    s->ctx = Py_NewRef(ctx);
+    s->context_tokens = Py_NewRef(context_tokens);
     s->seq_lens = Py_NewRef(seq_lens);
     s->code = code;
     s->nbatch = nbatch;
     s->ntokens = ntokens;
-    s->nctx = nctx;
+    s->ncontext = ncontext;
     s->lens_sum = sum;
     s->lens_sq = sq;
     s->lens_count = count;
@@ -723,7 +723,7 @@ static int exit_body(Step *self, Hot *hot, long long t0, int timed, int32_t star
     r.t1 = t1;
     r.batch = self->nbatch;
     r.tokens = self->ntokens;
-    r.ctx = self->nctx;
+    r.context_tokens = self->ncontext;
     r.lens_sum = self->lens_sum;
     r.lens_sq = self->lens_sq;
     r.lens_count = self->lens_count;
@@ -794,7 +794,7 @@ static PyObject *step_call(Step *self, PyObject *args, PyObject *kw) {
 }
 
 static PyObject *step_sizes(Step *self, void *Py_UNUSED(closure)) {
-    return PyTuple_Pack(4, self->batch, self->tokens, self->ctx, self->seq_lens);
+    return PyTuple_Pack(4, self->batch, self->tokens, self->context_tokens, self->seq_lens);
 }
 
 static PyObject *step_phase(Step *self, void *Py_UNUSED(closure)) { return Py_NewRef(self->phase); }
@@ -829,19 +829,19 @@ static PyTypeObject StepType = {
     .tp_getset = step_getset,
 };
 
-/* hot.step(phase, batch, tokens, ctx, seq_lens): a Step; odd sizes go through Python's validation. */
+/* hot.step(phase, batch, tokens, context_tokens, seq_lens): a Step; odd sizes go through Python's validation. */
 static PyObject *hot_step(Hot *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "step(phase, batch, tokens, context_tokens, seq_lens)");
         return NULL;
     }
-    PyObject *batch = args[1], *tokens = args[2], *ctx = args[3], *seq_lens = args[4];
+    PyObject *batch = args[1], *tokens = args[2], *context_tokens = args[3], *seq_lens = args[4];
     int32_t code = PyUnicode_CheckExact(args[0]) ? phase_code(args[0]) : -1;
     int64_t b, t = NO_TOKENS, c, sum, sq, count;
     if (code >= 0 && plain_count(batch, &b) && (tokens == Py_None || plain_count(tokens, &t)) &&
-        plain_count(ctx, &c) && (seq_lens == Py_None || PyTuple_CheckExact(seq_lens) || PyList_CheckExact(seq_lens)) &&
+        plain_count(context_tokens, &c) && (seq_lens == Py_None || PyTuple_CheckExact(seq_lens) || PyList_CheckExact(seq_lens)) &&
         summarise(code, b, t, seq_lens, &sum, &sq, &count))
-        return (PyObject *)step_make(self, args[0], code, batch, tokens, ctx, seq_lens, b, t, c, sum, sq, count);
+        return (PyObject *)step_make(self, args[0], code, batch, tokens, context_tokens, seq_lens, b, t, c, sum, sq, count);
     return PyObject_Vectorcall(self->slow_step, args, 5, NULL);
 }
 
@@ -870,17 +870,18 @@ static PyTypeObject HotType = {
     .tp_members = hot_members,
 };
 
-/* make_step(hot, phase, batch, tokens, ctx, seq_lens): a Step from sizes Python has validated. */
+/* make_step(hot, phase, batch, tokens, context_tokens, seq_lens): a Step from sizes Python has validated. */
 static PyObject *make_step(PyObject *module, PyObject *args) {
-    PyObject *hot, *phase, *batch, *tokens, *ctx, *seq_lens;
-    if (!PyArg_ParseTuple(args, "O!UOOOO:make_step", &HotType, &hot, &phase, &batch, &tokens, &ctx, &seq_lens))
+    PyObject *hot, *phase, *batch, *tokens, *context_tokens, *seq_lens;
+    if (!PyArg_ParseTuple(args, "O!UOOOO:make_step", &HotType, &hot, &phase, &batch, &tokens, &context_tokens,
+                          &seq_lens))
         return NULL;
     int32_t code = phase_code(phase);
     if (code < 0) {
         PyErr_Format(PyExc_ValueError, "make_step: unknown phase %R", phase);
         return NULL;
     }
-    long long b = PyLong_AsLongLong(batch), c = PyLong_AsLongLong(ctx);
+    long long b = PyLong_AsLongLong(batch), c = PyLong_AsLongLong(context_tokens);
     long long t = tokens == Py_None ? NO_TOKENS : PyLong_AsLongLong(tokens);
     if (PyErr_Occurred()) return NULL;
     int64_t sum = 0, sq = 0, count = 0;
@@ -903,7 +904,8 @@ static PyObject *make_step(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "make_step: sizes out of range");
         return NULL;
     }
-    return (PyObject *)step_make((Hot *)hot, phase, code, batch, tokens, ctx, seq_lens, b, t, c, sum, sq, count);
+    return (PyObject *)step_make((Hot *)hot, phase, code, batch, tokens, context_tokens, seq_lens, b, t, c, sum, sq,
+                                 count);
 }
 
 static PyMethodDef hotpath_functions[] = {

@@ -39,7 +39,7 @@ typedef struct {
     int32_t start, end;   /* event slots (TIMED), else NO_EVENT */
     int32_t error;        /* 0: none; else 1 + index into the core's error names */
     int64_t t0, t1;       /* host clock (ns) */
-    int64_t batch, tokens, ctx;
+    int64_t batch, tokens, context_tokens;
     int64_t lens_sum, lens_sq, lens_count;
 } StepRecord;
 
@@ -54,7 +54,7 @@ typedef int (*cu_record_t)(void *event, void *stream);
 typedef int (*cu_is_capturing_t)(void *stream, int *status);
 typedef int (*cu_event_t)(void *event);
 typedef int (*cu_elapsed_t)(float *ms, void *start, void *end);
-typedef int (*cu_ctx_set_t)(void *ctx);
+typedef int (*cu_ctx_set_t)(void *context);
 typedef int (*cu_exchange_mode_t)(int *mode);
 
 typedef struct {

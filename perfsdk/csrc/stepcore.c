@@ -256,8 +256,8 @@ static void cost(const StepCore *c, const StepRecord *r, double *nbytes, double 
     if (r->phase == PHASE_DECODE) {
         *ntokens = r->batch;
         if (!c->known) return;
-        *nbytes = c->weight_bytes + c->kv_bytes_per_token * (double)r->ctx;
-        *flops = c->two_params * (double)r->batch + c->attn_decode * (double)r->ctx;
+        *nbytes = c->weight_bytes + c->kv_bytes_per_token * (double)r->context_tokens;
+        *flops = c->two_params * (double)r->batch + c->attn_decode * (double)r->context_tokens;
         return;
     }
     if (r->phase == PHASE_PREFILL) {
@@ -269,22 +269,22 @@ static void cost(const StepCore *c, const StepRecord *r, double *nbytes, double 
             *flops = linear;
             return;
         }
-        double prefix = (r->ctx && r->lens_count)
-                            ? c->attn_prefix * (double)r->ctx * (double)r->lens_sum / (double)r->lens_count
+        double prefix = (r->context_tokens && r->lens_count)
+                            ? c->attn_prefix * (double)r->context_tokens * (double)r->lens_sum / (double)r->lens_count
                             : 0.0;
-        *nbytes = c->weight_bytes + c->kv_bytes_per_token * (double)(r->lens_sum + r->ctx);
+        *nbytes = c->weight_bytes + c->kv_bytes_per_token * (double)(r->lens_sum + r->context_tokens);
         *flops = linear + (c->attn_causal * (double)r->lens_sq + prefix);
         return;
     }
     *ntokens = r->lens_sum + r->batch;
     if (!c->known) return;
-    double decode_flops = c->two_params * (double)r->batch + c->attn_decode * (double)r->ctx;
+    double decode_flops = c->two_params * (double)r->batch + c->attn_decode * (double)r->context_tokens;
     if (!c->kv) {
         *nbytes = c->weight_bytes;
         *flops = c->two_params * (double)r->lens_sum + decode_flops;
         return;
     }
-    *nbytes = (c->weight_bytes + c->kv_bytes_per_token * (double)r->ctx) +
+    *nbytes = (c->weight_bytes + c->kv_bytes_per_token * (double)r->context_tokens) +
               ((c->weight_bytes + c->kv_bytes_per_token * (double)r->lens_sum) - c->weight_bytes);
     double prefill_flops = c->two_params * (double)r->lens_sum + (c->attn_causal * (double)r->lens_sq + 0.0);
     *flops = prefill_flops + decode_flops;
@@ -902,7 +902,7 @@ static PyObject *core_push_py(StepCore *c, PyObject *rec) {
     r.start = r.end = NO_EVENT;
     r.batch = as_int64(PyTuple_GET_ITEM(rec, 6), &ok);
     r.tokens = as_int64(PyTuple_GET_ITEM(rec, 7), &ok);
-    r.ctx = as_int64(PyTuple_GET_ITEM(rec, 8), &ok);
+    r.context_tokens = as_int64(PyTuple_GET_ITEM(rec, 8), &ok);
     r.lens_sum = as_int64(PyTuple_GET_ITEM(rec, 9), &ok);
     r.lens_sq = as_int64(PyTuple_GET_ITEM(rec, 10), &ok);
     r.lens_count = as_int64(PyTuple_GET_ITEM(rec, 11), &ok);
