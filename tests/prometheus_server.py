@@ -34,6 +34,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> int:
+    """A port P with P .. P+n-1 all free just now (for processes that serve on consecutive ports)."""
+    for _ in range(50):
+        base = free_port()
+        if base + n > 65535:
+            continue
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free ports on 127.0.0.1")
+
+
 def query(url: str, promql: str) -> dict[str, Any]:
     """The API's answer to an instant query (a bad query answers 400 with the parser's message)."""
     full = f"{url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"

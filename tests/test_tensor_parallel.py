@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_server import PROMETHEUS, PROMTOOL, free_port, query, running_prometheus
+from prometheus_server import PROMETHEUS, PROMTOOL, free_port, free_ports, query, running_prometheus
 
 pytest.importorskip("torch")
 
@@ -309,7 +309,7 @@ def test_the_tensor_parallel_benchmark_runs_end_to_end_on_cpu_under_torchrun(tmp
 def test_perfsdk_metrics_port_gives_each_local_rank_its_own_port() -> None:
     """torchrun starts every rank with the same environment: PERFSDK_METRICS_PORT is the base, LOCAL_RANK
     the offset, so the ranks of a host do not fight over one port."""
-    base = free_port() - 1
+    base = free_ports(2)
     code = ("import perfsdk; m = perfsdk.Monitor(hardware=None, otel=False, nvtx=False); "
             "print(m.serve_metrics().port); m.close()")
     got = []
