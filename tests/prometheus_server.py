@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROMETHEUS", "PROMTOOL", "RunningPrometheus", "free_port", "query", "running_prometheus"]
+__all__ = ["PROMETHEUS", "PROMTOOL", "RunningPrometheus", "free_port", "free_ports", "query", "running_prometheus"]
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")

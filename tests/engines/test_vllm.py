@@ -17,7 +17,6 @@ import dataclasses
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from prometheus_client import REGISTRY  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_server import free_ports  # noqa: E402  (tests/ is on sys.path through tests/conftest.py)
 from vllm.config import DeviceConfig, ModelConfig, ObservabilityConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel  # noqa: E402
 from vllm.plugins import load_plugins_by_group  # noqa: E402
@@ -395,24 +395,6 @@ def test_a_worker_that_exports_nowhere_says_how_to(tmp_path: Path, monkeypatch: 
 
 
 # ---- two tensor-parallel workers, forked by vLLM, on vLLM's /metrics (vllm_tp_server.py) -------------------
-def free_ports(n: int) -> int:
-    """A port P with P .. P+n-1 free (PERFSDK_METRICS_PORT=P: rank r serves on P+1+r)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        try:
-            for p in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free run of ports")
-
-
 @pytest.fixture(scope="module")
 def tp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("tp")
