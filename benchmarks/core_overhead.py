@@ -56,7 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from llama_decode import SHAPES, Model, capture_decode_graph
+from llama_decode import SHAPES, Model, capture_decode_graph, decode_loop
 from measure import median_ns, timer_floor_ns
 
 import perfsdk
@@ -211,19 +211,7 @@ def loops(model: Model, spec: ModelSpec, hw: Any, ctx: int, reps: int, hot_path:
         pos = torch.tensor([ctx - 1], device="cuda")
         g, g_out = capture_decode_graph(model, tokens, pos, with_output=True)
         for loop in which:
-            if loop == "graph":
-                def step(g: Any = g) -> None:
-                    g.replay()
-                steps = 1500 if batch == 1 else 800
-            elif loop == "graph_synced":
-                def step(g: Any = g, g_out: Any = g_out) -> None:
-                    g.replay()
-                    g_out.cpu()  # the serving loop reads the sampled ids: one D2H copy + sync per step
-                steps = 1000 if batch == 1 else 800
-            else:
-                def step(tokens: Any = tokens, pos: Any = pos) -> None:
-                    model.decode(tokens, pos)
-                steps = 300 if batch == 1 else 200
+            step, steps = decode_loop(loop, model, tokens, pos, g, g_out, batch)
             for _ in range(10):
                 step()
             mon = make_monitor(spec, hw, **kw)

@@ -6,13 +6,14 @@ Shared by ``overhead.py`` and ``core_overhead.py``. Shapes: ``1b`` (TinyLlama-1.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["SHAPES", "Cfg", "Model", "capture_decode_graph"]
+__all__ = ["LOOPS", "SHAPES", "Cfg", "Model", "capture_decode_graph", "decode_loop"]
 
 
 class Cfg:
@@ -112,3 +113,30 @@ def capture_decode_graph(model: Model, tokens: Tensor, pos: Tensor, with_output:
     with torch.cuda.graph(g):
         out = model.decode(tokens, pos)
     return (g, out) if with_output else g
+
+
+LOOPS = ("graph", "graph_synced", "eager")
+
+
+def decode_loop(loop: str, model: Model, tokens: Tensor, pos: Tensor, graph: Any = None,
+                graph_out: Tensor | None = None, batch: int = 1,
+                device: str = "cuda") -> tuple[Callable[[], None], int]:
+    """One serving loop's step and how many steps to time it for (the overhead benchmarks share these).
+
+    ``graph``: replay back to back; ``graph_synced``: replay, then read the sampled ids back (one D2H copy
+    and sync a step, as a streaming server does); ``eager``: the model's forward, kernel by kernel.
+    """
+    if loop == "graph":
+        def replay() -> None:
+            graph.replay()
+        return replay, 1500 if batch == 1 else 800
+    if loop == "graph_synced":
+        def replay_and_read() -> None:
+            graph.replay()
+            graph_out.cpu()  # type: ignore[union-attr]
+        return replay_and_read, 1000 if batch == 1 else 800
+    if loop == "eager":
+        def forward() -> None:
+            model.decode(tokens, pos)
+        return forward, (300 if batch == 1 else 200) if device == "cuda" else 40
+    raise ValueError(f"unknown loop {loop!r} (one of {', '.join(LOOPS)})")

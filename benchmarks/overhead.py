@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from llama_decode import SHAPES, Model, capture_decode_graph
+from llama_decode import SHAPES, Model, capture_decode_graph, decode_loop
 from measure import median_ns, timer_floor_ns
 from torch import Tensor
 
@@ -278,19 +278,7 @@ def overhead_configs(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: i
         pos = torch.tensor([ctx - 1], device=device)
         g, g_out = capture_decode_graph(model, tokens, pos, with_output=True) if device == "cuda" else (None, None)
         for mode, kw, loop in modes:
-            if loop == "graph":
-                def step(g: Any = g) -> None:
-                    g.replay()
-                steps = 1500 if batch == 1 else 800
-            elif loop == "graph_synced":
-                def step(g: Any = g, g_out: Any = g_out) -> None:
-                    g.replay()
-                    g_out.cpu()  # the serving loop reads the sampled ids: one D2H copy + sync per step
-                steps = 1000 if batch == 1 else 800
-            else:
-                def step(tokens: Tensor = tokens, pos: Tensor = pos) -> None:
-                    model.decode(tokens, pos)
-                steps = (300 if batch == 1 else 200) if device == "cuda" else 40
+            step, steps = decode_loop(loop, model, tokens, pos, g, g_out, batch, device)
             for _ in range(10):
                 step()
             mon = make_monitor(spec, hw, holder, **kw)
