@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from llama_decode import SHAPES, Model, capture_decode_graph, decode_loop
-from measure import median_ns, timer_floor_ns
+from measure import decode_call_ns, median_ns, timer_floor_ns
 
 import perfsdk
 from perfsdk.model import ModelSpec
@@ -173,16 +173,7 @@ def run_loop(mon: perfsdk.Monitor | None, step: Callable[[], object], steps: int
         for _ in range(steps):
             step()
     elif time_calls:
-        pc = time.perf_counter_ns
-        for _ in range(steps):
-            a = pc()
-            s = mon.decode(batch=batch, context_tokens=batch * ctx)
-            s.__enter__()
-            b = pc()
-            step()
-            c = pc()
-            s.__exit__(None, None, None)
-            calls_ns += (b - a) + (pc() - c)
+        calls_ns = decode_call_ns(mon, step, steps, batch, batch * ctx)
     else:
         for _ in range(steps):
             with mon.decode(batch=batch, context_tokens=batch * ctx):

@@ -9,8 +9,9 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["median_ns", "timer_floor_ns"]
+__all__ = ["decode_call_ns", "median_ns", "timer_floor_ns"]
 
 
 def median_ns(fn: Callable[[], object], n: int) -> float:
@@ -35,3 +36,22 @@ def timer_floor_ns(n: int = 20000) -> float:
         d = pc()
         _ = (b - a) + (d - c)
     return (pc() - t0) / n
+
+
+def decode_call_ns(mon: Any, step: Callable[[], object], steps: int, batch: int, context_tokens: int) -> int:
+    """Run *steps* steps inside ``mon.decode(...)``; the ns spent in perfsdk's enter and exit, all steps together.
+
+    Clock reads sit around the enter and the exit, not around *step*; ``timer_floor_ns`` is their own cost.
+    """
+    pc = time.perf_counter_ns
+    calls_ns = 0
+    for _ in range(steps):
+        a = pc()
+        s = mon.decode(batch=batch, context_tokens=context_tokens)
+        s.__enter__()
+        b = pc()
+        step()
+        c = pc()
+        s.__exit__(None, None, None)
+        calls_ns += (b - a) + (pc() - c)
+    return calls_ns

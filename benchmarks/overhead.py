@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from llama_decode import SHAPES, Model, capture_decode_graph, decode_loop
-from measure import median_ns, timer_floor_ns
+from measure import decode_call_ns, median_ns, timer_floor_ns
 from torch import Tensor
 
 import perfsdk
@@ -232,17 +232,7 @@ def step_loop(mon: perfsdk.Monitor | None, step: Callable[[], object], steps: in
         for _ in range(steps):
             step()
     else:
-        pc = time.perf_counter_ns
-        for _ in range(steps):
-            a = pc()
-            p = mon.decode(batch=batch, context_tokens=batch * ctx)
-            p.__enter__()
-            b = pc()
-            step()
-            c = pc()
-            p.__exit__(None, None, None)
-            d = pc()
-            add_ns += (b - a) + (d - c)
+        add_ns = decode_call_ns(mon, step, steps, batch, batch * ctx)
     sync(device)
     total = time.perf_counter_ns() - t_start
     serving_cpu = time.thread_time_ns() - s0
