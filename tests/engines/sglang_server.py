@@ -17,7 +17,6 @@ import json
 import multiprocessing
 import socket
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -57,18 +56,14 @@ def main() -> None:
         p.start()
     ranks = sorted(ready.get(timeout=300) for _ in procs)
 
-    import uvicorn
+    from engine_process import serve_on_loopback
     from fastapi import FastAPI
     from sglang.srt.utils.common import add_prometheus_middleware
 
     app = FastAPI()
     add_prometheus_middleware(app)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    print(json.dumps({"metrics": f"http://127.0.0.1:{sock.getsockname()[1]}/metrics", "ranks": ranks,
+    server, thread, url = serve_on_loopback(app)
+    print(json.dumps({"metrics": url, "ranks": ranks,
                       "schedulers": [p.pid for p in procs]}), flush=True)
     sys.stdin.read()
     stop.set()

@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -36,8 +35,10 @@ fpm = pytest.importorskip("sglang.srt.observability.forward_pass_metrics",
                           reason="the SGLang suite runs in its own venv: bash scripts/test_engine.sh sglang")
 
 import sglang_cpu_runner as cpu  # noqa: E402  (a placeholder torchvision first)
+from engine_process import running_script  # noqa: E402
 from prometheus_client import REGISTRY  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_server import free_ports  # noqa: E402  (tests/ is on sys.path through tests/conftest.py)
 from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
 from sglang.srt.plugins import load_plugins, load_plugins_by_group  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: E402
@@ -295,32 +296,12 @@ def test_a_bad_perfsdk_setting_leaves_sglang_running(tmp_path: Path, monkeypatch
 @pytest.fixture(scope="module")
 def sglang_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("sglang")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        base = s.getsockname()[1]
+    base = free_ports(2)  # rank r serves on PERFSDK_METRICS_PORT + r
     env = {**os.environ, "PERFSDK_HARDWARE": "h100-sxm", "PERFSDK_METRICS_PORT": str(base),
            "PERFSDK_PROFILER": "torch", "PERFSDK_PROFILE_DIR": str(tmp / "traces")}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    out = tmp / "stdout"
-    with out.open("w") as stdout, (tmp / "stderr").open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, str(Path(cpu.__file__).parent / "sglang_server.py"), str(tmp)],
-                                stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 240
-        info = None
-        while info is None and time.monotonic() < deadline and proc.poll() is None:
-            info = next((json.loads(x) for x in out.read_text().splitlines() if x.startswith("{")), None)
-            time.sleep(0.2)
-        assert info is not None, f"sglang_server.py did not start:\n{(tmp / 'stderr').read_text()[-3000:]}"
+    with running_script(Path(cpu.__file__).parent / "sglang_server.py", tmp, env, startup_s=240) as info:
         yield {**info, "port": base}
-    finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_each_rank_reaches_sglangs_metrics_with_its_own_share(sglang_server: dict[str, Any]) -> None:

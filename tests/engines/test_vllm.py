@@ -17,8 +17,6 @@ import dataclasses
 import json
 import logging
 import os
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +29,7 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="the vLLM suite runs in its own venv: bash scripts/test_engine.sh vllm")
 
 import vllm_cpu_worker as cpu  # noqa: E402  (after vllm: it patches two no-GPU facts into vLLM first)
+from engine_process import running_script  # noqa: E402
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
@@ -402,26 +401,8 @@ def tp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
     base = free_ports(3)
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "prom"), "PERFSDK_HARDWARE": "h100-sxm",
            "PERFSDK_METRICS_PORT": str(base), "PERFSDK_PROFILER": "torch", "PERFSDK_PROFILE_DIR": str(tmp / "traces")}
-    out = tmp / "stdout"
-    with out.open("w") as stdout, (tmp / "stderr").open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, str(Path(cpu.__file__).parent / "vllm_tp_server.py"), str(tmp)],
-                                stdin=subprocess.PIPE, stdout=stdout, stderr=stderr, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 180
-        info = None
-        while info is None and time.monotonic() < deadline and proc.poll() is None:
-            info = next((json.loads(x) for x in out.read_text().splitlines() if x.startswith("{")), None)
-            time.sleep(0.2)
-        assert info is not None, f"vllm_tp_server.py did not start:\n{(tmp / 'stderr').read_text()[-3000:]}"
+    with running_script(Path(cpu.__file__).parent / "vllm_tp_server.py", tmp, env, startup_s=180) as info:
         yield {**info, "port": base, "prom": tmp / "prom"}
-    finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def scrape(url: str) -> dict[tuple[str, str, str], float]:

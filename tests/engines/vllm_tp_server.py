@@ -16,13 +16,11 @@ until its stdin closes.
 from __future__ import annotations
 
 import json
-import socket
 import sys
-import threading
 from pathlib import Path
 
-import uvicorn
 import vllm_cpu_worker as cpu
+from engine_process import serve_on_loopback
 from fastapi import FastAPI
 from vllm.entrypoints.serve.instrumentator.metrics import attach_router
 from vllm.v1.engine.core import EngineCore
@@ -34,12 +32,8 @@ def main() -> None:
     steps = cpu.run_requests(core)
     app = FastAPI()
     attach_router(app)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    print(json.dumps({"metrics": f"http://127.0.0.1:{sock.getsockname()[1]}/metrics", "engine_steps": steps,
+    server, thread, url = serve_on_loopback(app)
+    print(json.dumps({"metrics": url, "engine_steps": steps,
                       "workers": [p.proc.pid for p in core.model_executor.workers]}), flush=True)
     sys.stdin.read()
     server.should_exit = True
