@@ -56,7 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from llama_decode import SHAPES, Model, capture_decode_graph, decode_loop
+from llama_decode import SHAPES, Model, capture_decode_graph, capture_with_step, decode_loop
 from measure import decode_call_ns, median_ns, timer_floor_ns
 
 import perfsdk
@@ -409,14 +409,7 @@ def capture_safety(model: Model, spec: ModelSpec, hw: Any, ctx: int, hot_path: s
     ok, errors = 0, []
     for _ in range(10):
         try:
-            g = torch.cuda.CUDAGraph()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                model.decode(tokens, pos)
-            torch.cuda.current_stream().wait_stream(s)
-            with torch.cuda.graph(g), mon.decode(batch=1, context_tokens=ctx):
-                model.decode(tokens, pos)
+            g = capture_with_step(model, tokens, pos, mon, ctx)  # mon.decode inside: must do nothing
             g.replay()
             torch.cuda.synchronize()
             ok += 1

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LOOPS", "SHAPES", "Cfg", "Model", "capture_decode_graph", "decode_loop"]
+__all__ = ["LOOPS", "SHAPES", "Cfg", "Model", "capture_decode_graph", "capture_with_step", "decode_loop"]
 
 
 class Cfg:
@@ -114,6 +114,20 @@ def capture_decode_graph(model: Model, tokens: Tensor, pos: Tensor, with_output:
         out = model.decode(tokens, pos)
     return (g, out) if with_output else g
 
+
+
+def capture_with_step(model: Model, tokens: Tensor, pos: Tensor, mon: Any, context_tokens: int) -> Any:
+    """A CUDA graph of one decode step captured with ``mon.decode()`` around the captured work (which must
+    do nothing during a capture)."""
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        model.decode(tokens, pos)  # warm-up off the capture stream, as torch's docs ask
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g), mon.decode(batch=1, context_tokens=context_tokens):
+        model.decode(tokens, pos)
+    return g
 
 LOOPS = ("graph", "graph_synced", "eager")
 

@@ -49,9 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from llama_decode import SHAPES, Model, capture_decode_graph, decode_loop
+from llama_decode import SHAPES, Model, capture_decode_graph, capture_with_step, decode_loop
 from measure import decode_call_ns, median_ns, timer_floor_ns
-from torch import Tensor
 
 import perfsdk
 from perfsdk.model import ModelSpec
@@ -424,19 +423,6 @@ def synced_breakdown(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: l
         if mon is not None:
             mon.close()
     return out
-
-
-def capture_with_step(model: Model, tokens: Tensor, pos: Tensor, mon: perfsdk.Monitor, ctx: int) -> Any:
-    """A CUDA graph of one decode step captured with ``mon.decode()`` around the captured work."""
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        model.decode(tokens, pos)  # warm-up off the capture stream, as torch's docs ask
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g), mon.decode(batch=1, context_tokens=ctx):
-        model.decode(tokens, pos)
-    return g
 
 
 def capture_safety(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: list[Any]) -> dict[str, Any]:

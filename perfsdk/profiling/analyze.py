@@ -132,6 +132,17 @@ class Finding:
                 "suggestion": self.suggestion}
 
 
+def findings_lines(findings: list[Finding], if_none: str) -> list[str]:
+    """The report's findings block (``perfsdk analyze`` for one trace and for ranks): numbered, biggest first."""
+    if not findings:
+        return [f"findings: {if_none}"]
+    lines = ["findings (by time at stake):"]
+    for i, f in enumerate(findings, 1):
+        lines.append(f"  {i}. {f.kind} ({f.share:.0%} of step time): {f.evidence}")
+        lines.append(f"     -> {f.suggestion}")
+    return lines
+
+
 @dataclass(frozen=True, slots=True)
 class Gap:
     """A stretch where no GPU op ran on any stream, and why (``launch_wait``, ``after_sync``, ``other``)."""
@@ -348,13 +359,7 @@ class Diagnosis:
             if s["communication_us_mean"]:
                 lines.append(f"  in collectives, not overlapped: {s['communication_share']:.0%} of step time "
                              f"({s['communication_us_mean'] / 1000:.3f} ms per step, waits for other ranks included)")
-        if self.findings:
-            lines.append("findings (by time at stake):")
-            for i, f in enumerate(self.findings, 1):
-                lines.append(f"  {i}. {f.kind} ({f.share:.0%} of step time): {f.evidence}")
-                lines.append(f"     -> {f.suggestion}")
-        else:
-            lines.append("findings: none above thresholds")
+        lines.extend(findings_lines(self.findings, "none above thresholds"))
         return "\n".join(lines)
 
 

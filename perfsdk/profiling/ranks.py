@@ -51,7 +51,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfsdk.errors import ConfigError
-from perfsdk.profiling.analyze import COMM_BOUND_MIN_SHARE, Diagnosis, Finding, StepStats, analyze_trace
+from perfsdk.profiling.analyze import (
+    COMM_BOUND_MIN_SHARE,
+    Diagnosis,
+    Finding,
+    StepStats,
+    analyze_trace,
+    findings_lines,
+)
 
 __all__ = ["STRAGGLER_MIN_STEP_SHARE", "STRAGGLER_MIN_WAIT_SHARE", "RankComparison", "RankStats", "analyze_ranks",
            "compare_ranks"]
@@ -137,14 +144,8 @@ class RankComparison:
             lines.append(f"  {r.rank:>4}  {r.step_us / 1000:8.3f}  {r.outside_us / 1000:16.3f}  "
                          f"{r.comm_us / 1000:11.3f}  {r.comm_share:5.0%}  {waits}{mark}")
         lines.extend(f"  note: {n}" for n in self.notes)
-        if self.findings:
-            lines.append("findings (by time at stake):")
-            for i, f in enumerate(self.findings, 1):
-                lines.append(f"  {i}. {f.kind} ({f.share:.0%} of step time): {f.evidence}")
-                lines.append(f"     -> {f.suggestion}")
-        else:
-            lines.append("findings: none above thresholds (no straggler; collectives below "
-                         f"{COMM_BOUND_MIN_SHARE:.0%} of a step on the least-waiting rank)")
+        lines.extend(findings_lines(self.findings, "none above thresholds (no straggler; collectives below "
+                                    f"{COMM_BOUND_MIN_SHARE:.0%} of a step on the least-waiting rank)"))
         return "\n".join(lines)
 
 
