@@ -212,7 +212,7 @@ def _profiler(mon: Monitor) -> None:
 def count_error(mon: Monitor | None, exc: BaseException, where: str) -> None:
     """Count *exc* in *mon*'s ``perfsdk_internal_errors_total`` and log it once per site (never raises).
 
-    (The Monitor's error guard is not public API; this is the integrations' one use of it.)
+    (The Monitor's error guard is not public API; the engine integrations reach it only through here.)
     """
     try:
         guard = getattr(mon, "_errors", None)

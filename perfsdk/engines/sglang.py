@@ -48,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from perfsdk.engines import split_evenly
+from perfsdk.engines._common import count_error
 from perfsdk.errors import ConfigError, MissingDependencyError
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class FpmSubscriber:
             except Exception as e:  # a bad message never stops the subscriber
                 if self._stop.is_set():
                     break
-                self.monitor._errors.record(e, "sglang forward-pass metrics")
+                count_error(self.monitor, e, "sglang forward-pass metrics")
                 time.sleep(0.01)  # a persistent fault must not spin a core
         sock.close(linger=0)  # the context is close()'s to end (or already ended by whoever terminated it)
 
