@@ -130,8 +130,52 @@ def _strip(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def standalone(sizes: list[str], rungs: list[str], steps: int) -> dict[str, Any]:
-    """Each rung's own decode step at batch 1, context 1024, without the server (``--standalone-only``)."""
+def _graph_time_ms(fn: Any, calls: int = 20) -> float:
+    """GPU time of one call of *fn*: *calls* calls captured in one CUDA graph, replayed (no launch gaps)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return _time_ms(g.replay) / calls
+
+
+def attention_kernel_check() -> dict[str, Any]:
+    """The fused Triton decode attention against the torch one (gather, matmuls, softmax), on the 1b and 8b
+    head shapes: agreement, and the GPU time of one call over a 32-slot, 1024-position cache (inside a CUDA
+    graph, as the engine runs them)."""
+    from perfsdk.demo.attention_triton import check, fused_decode_attention
+    from perfsdk.demo.graph_engine import decode_attention
+
+    out: dict[str, Any] = {"correctness": {}, "timing": []}
+    for name, (heads, kv, d) in {"1b": (32, 4, 64), "8b": (32, 8, 128)}.items():
+        out["correctness"][name] = check(decode_attention, heads, kv, d, torch.bfloat16, "cuda") or "ok"
+        kc = torch.randn(33, kv, 1024, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        for b in (1, 8, 32):
+            q = torch.randn(b, 1, heads, d, device="cuda", dtype=torch.bfloat16)
+            slots = torch.randperm(32, device="cuda")[:b]
+            mask = torch.ones(b, 1024, dtype=torch.bool, device="cuda")
+
+            def torch_attn(q: Any = q, slots: Any = slots, mask: Any = mask, kc: Any = kc, vc: Any = vc) -> Any:
+                return decode_attention(q, kc[slots], vc[slots], mask)
+
+            def triton_attn(q: Any = q, slots: Any = slots, mask: Any = mask, kc: Any = kc, vc: Any = vc) -> Any:
+                return fused_decode_attention(q, kc, vc, slots, mask)
+
+            out["timing"].append({"shape": name, "batch": b, "length": 1024,
+                                  "torch_ms": _graph_time_ms(torch_attn), "triton_ms": _graph_time_ms(triton_attn)})
+    return out
+
+
+def standalone(sizes: list[str], rungs: list[str], steps: int, attentions: list[str]) -> dict[str, Any]:
+    """Each rung's own decode step at batch 1, context 1024, without the server (``--standalone-only``), for
+    each decode attention asked for."""
     from perfsdk.demo.ladder import _peaks, _standalone
     from perfsdk.demo.rungs import build_engine, prepare_model
     from perfsdk.demo.stack import build_model, demo_model_spec
@@ -141,15 +185,17 @@ def standalone(sizes: list[str], rungs: list[str], steps: int) -> dict[str, Any]
     for size in sizes:
         model = build_model(size=size, device="cuda", max_batch_slots=32, max_seq=1024)
         rows = []
-        for rung in rungs:
+        for rung, attention in [(r, a) for r in rungs for a in attentions]:
             t0 = time.perf_counter()
             prepare_model(model, rung)
-            engine = build_engine(model, rung, compile_int8=True)
+            engine = build_engine(model, rung, compile_int8=True, attention=attention)
             spec = demo_model_spec(model, f"demo-{size}")
             row = _standalone(engine, spec, hw, batch=1, context=1024, steps=steps)
             row["mbu_calibrated"] = row["mbu"] * hw.memory_bandwidth / cal_bw if row.get("mbu") and cal_bw else None
             row.update(rung=rung, build_and_first_steps_s=round(time.perf_counter() - t0, 1),
-                       weight_bytes=spec.weight_bytes, int8_kernel=getattr(engine, "int8_kernel", None))
+                       weight_bytes=spec.weight_bytes, int8_kernel=getattr(engine, "int8_kernel", None),
+                       attention=getattr(engine, "attention", None),
+                       attention_rejected=getattr(engine, "attention_rejected", None))
             print(f"{size} {rung}: {row}", flush=True)
             rows.append(row)
             del engine
@@ -191,6 +237,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--rungs", default=None)
     ap.add_argument("--no-kernel-check", action="store_true")
+    ap.add_argument("--attention", default="auto",
+                    help="the engines' decode attention: auto, triton or torch; --standalone-only takes a "
+                         "comma-separated list and runs each")
     ap.add_argument("--standalone-only", action="store_true",
                     help="each rung's batch-1 step without the server (a quick check; needs --rungs)")
     ap.add_argument("--name", default="h200_ladder", help="the JSON's file name, without .json")
@@ -215,9 +264,18 @@ def main() -> int:
 
             traceback.print_exc()
             results["int8_kernel"] = {"error": f"{type(e).__name__}: {e}"}
+        try:
+            results["attention_kernel"] = attention_kernel_check()
+            print(json.dumps(results["attention_kernel"]), flush=True)
+        except Exception as e:
+            import traceback
+
+            traceback.print_exc()
+            results["attention_kernel"] = {"error": f"{type(e).__name__}: {e}"}
     rungs = tuple(args.rungs.split(",")) if args.rungs else None
     if args.standalone_only:
-        results["standalone"] = standalone(args.sizes.split(","), list(rungs or ()), args.steps)
+        results["standalone"] = standalone(args.sizes.split(","), list(rungs or ()), args.steps,
+                                           args.attention.split(","))
         from perfsdk.demo.int8_triton import chosen_configs
 
         results["int8_kernel_configs_after"] = chosen_configs()
@@ -230,6 +288,7 @@ def main() -> int:
             res = run_ladder(LadderConfig(
                 device="cuda", size=size, rungs=rungs, out_dir=str(tmp), num_prompts=args.prompts,
                 concurrency=args.concurrency, output_len=args.output_len, steps=args.steps,
+                attention=args.attention,
                 progress=lambda m: print(f"[{time.perf_counter() - t0:6.1f} s] {m}", file=sys.stderr, flush=True),
             ))
             res["dynamo_counters"] = {k: dict(v) for k, v in torch._dynamo.utils.counters.items() if v}

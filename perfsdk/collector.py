@@ -1,7 +1,7 @@
 """The collector thread: every export interval, hand what was recorded to the sinks.
 
 Steps are counted by the step core (:mod:`perfsdk.stepcore`; in C, on a native thread that never takes
-the GIL); this thread only visits it every ``export_interval`` (default 0.1 s) — one short turn at the
+the GIL); this thread only visits it every ``export_interval`` (default 1 s) — one short turn at the
 GIL for every few hundred steps — and:
 
 * takes the step totals (:meth:`~perfsdk.stepcore.PyStepCore.take`) and hands them to every sink,

@@ -155,7 +155,7 @@ class MonitorConfig:
     chain_gap_us: float = 10.0
     step_span_rate: float = 0.0
     poll_interval: float = 0.005
-    export_interval: float = 0.25
+    export_interval: float = 1.0
     strict: bool = False
     operation: str = "text_completion"
     compute_dtype: str | None = None

@@ -296,12 +296,11 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
                     hot.nvtx_pop()
                 except Exception as e:  # the step is still timed and counted
                     hot.errors.record(e, f"{self._phase}.__exit__ nvtx")
-            try:
-                t1 = (hot.clock or time.perf_counter_ns)()
-            except Exception:
-                if ev:
-                    _let_go(hot, ev)  # the end was never recorded
-                raise
+            # A timed step reads the clock after its end record, not before: a record that waited for room in a
+            # full launch queue (graphs replayed back to back) still sits right behind the step's work, and the
+            # chain gap to the next step must count from its return.
+            clock = hot.clock or time.perf_counter_ns
+            t1 = 0 if ev else clock()
             timing = HOST if ev is None else UNTIMED
             start = end = None
             if ev:
@@ -309,8 +308,9 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
                 before = hot.exits
                 try:
                     _record(hot, end, stream)
+                    t1 = clock()
                 except Exception:
-                    _let_go(hot, ev)
+                    _let_go(hot, ev)  # unrecorded, or recorded and never to be read
                     raise
                 h = hot.local.h
                 inner = h.ev  # a nested step's end on this thread: the thread lets go of it

@@ -51,6 +51,8 @@ class FakeGpu:
         self.fail_record_after: int | None = None
         self.fail_elapsed = 0  # the next N reads fail
         self.capturing = False
+        # a record that waits for room in a full launch queue: each record moves this host clock on
+        self.record_waits: tuple[Any, float] | None = None  # (FakeClock, seconds per record)
         self._callbacks: list[Any] = []  # the ctypes callbacks, kept alive
 
     # ---- serving-thread side ---------------------------------------------------------------------
@@ -70,6 +72,9 @@ class FakeGpu:
                 return CUDA_ERROR_ILLEGAL_ADDRESS
             self.records += 1
             self.t_ms[ev], self.on_stream[ev] = self.now_ms, stream
+            if self.record_waits is not None:
+                clock, s = self.record_waits
+                clock.advance(s)
             return 0
         return record_on
 

@@ -84,6 +84,20 @@ def test_back_to_back_steps_share_boundary_events() -> None:
             sum(budget.decode_step_bytes(MODEL, 10) / (ms / 1e3 * 4.8e12) for ms in (2, 3, 4, 5)) / 4)
 
 
+def test_a_record_that_waits_for_the_launch_queue_still_chains() -> None:
+    """Graphs replayed back to back fill the launch queue, so the exit's record waits (here 1 ms, far past
+    chain_gap_us): the gap to the next step counts from the record's return, so it still shares the event."""
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = FakeGpu()
+        wire(h, gpu)
+        gpu.record_waits = (clock, 1e-3)
+        steps(h, gpu, clock, [2.0, 3.0, 4.0, 5.0])
+        assert h.monitor.flush(5)
+        assert gpu.records == 5  # one start, then one end per step
+        assert h.sum(STEP, phase="decode") == pytest.approx(0.014)
+
+
 def test_gpu_work_queued_between_chained_steps_counts_in_the_later_step() -> None:
     """The documented cost of sharing a boundary: the gap's GPU work lands in the next step."""
     clock = FakeClock()

@@ -661,14 +661,11 @@ static PyObject *step_enter(Step *self, PyObject *Py_UNUSED(ignored)) {
 /* Exit of an open entry. On failure (-1, exception set) the entry's events have been let go of. */
 static int exit_body(Step *self, Hot *hot, long long t0, int timed, int32_t start, int32_t end, uintptr_t stream,
                      PyObject *exc_type) {
-    long long t1;
-    if (now_ns(hot, &t1) < 0) {
-        if (timed == 1) {  /* the end was never recorded */
-            if (start != NO_EVENT) core_unref(hot->core, start);
-            core_unref(hot->core, end);
-        }
-        return -1;
-    }
+    /* A timed step reads the clock after its end record, not before: a record that waited for room in a full
+       launch queue (graphs replayed back to back) still sits right behind the step's work, and the chain gap
+       to the next step must count from its return. */
+    long long t1 = 0;
+    if (timed != 1 && now_ns(hot, &t1) < 0) return -1;
     StepRecord r;
     r.phase = self->code;
     r.timing = hot->timed ? TIMING_UNTIMED : TIMING_HOST;
@@ -676,6 +673,11 @@ static int exit_body(Step *self, Hot *hot, long long t0, int timed, int32_t star
     if (timed == 1) {
         long long before = hot->exit_seq;
         if (record(hot, end, stream) < 0) {
+            if (start != NO_EVENT) core_unref(hot->core, start);
+            core_unref(hot->core, end);
+            return -1;
+        }
+        if (now_ns(hot, &t1) < 0) {  /* recorded, but the step cannot be counted: nobody reads the events */
             if (start != NO_EVENT) core_unref(hot->core, start);
             core_unref(hot->core, end);
             return -1;

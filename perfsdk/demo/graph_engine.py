@@ -25,6 +25,11 @@ SGLang's model runners do:
   sampler go through ``torch.compile`` (inductor fuses the norms, rotary embedding, SwiGLU and the
   sampler's elementwise work) before capture. One compiled function serves every layer: the weights
   are its arguments, so inductor compiles a layer once (twice: batch 1 is specialised).
+- **Fused decode attention** (``attention="triton"``, the default under ``compile`` on CUDA with Triton):
+  one Triton kernel per layer reads each row's keys and values from the KV cache in place
+  (:mod:`perfsdk.demo.attention_triton`), where the torch version gathers the rows' caches and runs five
+  kernels more — the fusion inductor cannot do, since the gather is by slot. Checked against the torch
+  version on the engine's head shape first; never used where it disagrees.
 - **int8 weights** come from :func:`perfsdk.demo.quant.quantize_int8` on the model; this engine runs
   whatever linear layers the model has.
 
@@ -138,6 +143,7 @@ class _Shape(NamedTuple):
     head_dim: int
     eps: float
     int8_kernel: str
+    attention: str = "torch"
 
 
 def _linear(x: Tensor, w: Tensor, scale: Tensor | None, kernel: str) -> Tensor:
@@ -181,9 +187,14 @@ def decode_layer(
     v = v.view(b, 1, nkv, hd)
     lw.k_cache[slots, :, pos] = k[:, 0]
     lw.v_cache[slots, :, pos] = v[:, 0]
-    length = mask.shape[-1]
-    keys, values = lw.k_cache[slots, :, :length], lw.v_cache[slots, :, :length]  # [B, KV, L, D]
-    a = decode_attention(q, keys, values, mask)
+    if shape.attention == "triton":
+        from perfsdk.demo.attention_triton import attention_op
+
+        a = attention_op()(q, lw.k_cache, lw.v_cache, slots, mask)
+    else:
+        length = mask.shape[-1]
+        keys, values = lw.k_cache[slots, :, :length], lw.v_cache[slots, :, :length]  # [B, KV, L, D]
+        a = decode_attention(q, keys, values, mask)
     x = x + _linear(a, lw.wo, lw.wo_scale, shape.int8_kernel)
     h = rms_norm(x, lw.ffn_norm, shape.eps)
     gate, up = _linear(h, lw.w13, lw.w13_scale, shape.int8_kernel).chunk(2, dim=-1)
@@ -254,6 +265,10 @@ class GraphEngine(Engine):
         int8_kernel: for int8 models on CUDA, ``"triton"`` (a fused int8 weight-only matmul for up to 64
             rows) or ``"torch"`` (dequantise then ``F.linear``; inductor fuses it under ``compile``);
             ``"auto"`` picks Triton where it is installed.
+        attention: ``"triton"`` (one fused decode-attention kernel per layer, reading the KV cache in place),
+            ``"torch"`` (gather the rows' caches, then batched matmuls and a softmax), or ``"auto"``: Triton
+            under ``compile`` on CUDA where Triton is installed and its kernel agrees with the torch version
+            here (``attention_rejected`` says why not, when it does not).
         batch_sizes: padded batch sizes to capture (default 1, 2, 4, ... up to the slots).
         max_prefill_tokens: padded prompt tokens per prefill forward (longer admissions are split).
     """
@@ -271,6 +286,7 @@ class GraphEngine(Engine):
         cuda_graphs: bool | None = None,
         compile: bool = False,
         int8_kernel: str = "auto",
+        attention: str = "auto",
         batch_sizes: Sequence[int] | None = None,
         max_prefill_tokens: int = 8192,
     ) -> None:
@@ -297,8 +313,9 @@ class GraphEngine(Engine):
             int8_kernel = "triton" if self._cuda and triton_available() else "torch"
         self.int8_kernel = int8_kernel
         args = model.args
-        self._shape = _Shape(args.n_head, args.n_kv_head, args.head_dim, args.norm_eps, int8_kernel)
         self._layers = [self._layer_weights(layer) for layer in model.layers]
+        self.attention, self.attention_rejected = self._pick_attention(attention, compile, model)
+        self._shape = _Shape(args.n_head, args.n_kv_head, args.head_dim, args.norm_eps, int8_kernel, self.attention)
         self._out_w, self._out_scale = _weights(model.output)
         self.quantized = self._out_scale is not None or any(lw.wqkv_scale is not None for lw in self._layers)
         if self.quantized:
@@ -356,6 +373,32 @@ class GraphEngine(Engine):
             # specialised once more); the weights are arguments, so all layers share it
             self._layer_fn = torch.compile(layer, dynamic=True)
             self._head_fn = torch.compile(head, dynamic=True)
+
+    def _pick_attention(self, attention: str, compiled: bool, model: Transformer) -> tuple[str, str | None]:
+        """The decode attention to use, and why the fused one is not used when it is not."""
+        if attention not in ("auto", "triton", "torch"):
+            raise ConfigError(f"attention: expected 'auto', 'triton' or 'torch', got {attention!r}")
+        if attention == "torch" or (attention == "auto" and not compiled):
+            return "torch", None
+        from perfsdk.demo.quant import triton_available
+
+        if not (self._cuda and triton_available()):
+            why = "needs CUDA and Triton"
+            if attention == "triton":
+                raise ConfigError(f"attention='triton' {why}")
+            return "torch", why
+        from perfsdk.demo.attention_triton import attention_op, check
+
+        args = model.args
+        dtype = self._layers[0].k_cache.dtype if self._layers else torch.bfloat16
+        wrong = check(decode_attention, args.n_head, args.n_kv_head, args.head_dim, dtype, model.device)
+        if wrong is not None:
+            if attention == "triton":
+                raise ConfigError(f"attention='triton': the fused kernel is wrong on this GPU: {wrong}")
+            log.warning("perfsdk demo: fused decode attention not used: %s", wrong)
+            return "torch", wrong
+        attention_op()  # registered now, not while torch.compile traces the first call
+        return "triton", None
 
     @staticmethod
     def _layer_weights(layer: Any) -> _LayerWeights:

@@ -85,6 +85,7 @@ class LadderConfig:
     seed: int = 0
     calibrate: bool = True
     int8_kernel: str = "auto"
+    attention: str = "auto"
     profile_steps: int = 4
     progress: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
@@ -129,7 +130,7 @@ def run_ladder(cfg: LadderConfig) -> dict[str, Any]:
         "device": dev, "size": size, "max_batch_slots": slots, "max_seq": max_seq, "context": context,
         "steps": steps, "num_prompts": cfg.num_prompts or d["prompts"], "concurrency": concurrency,
         "input_len": cfg.input_len, "output_len": cfg.output_len or d["output"], "seed": cfg.seed,
-        "int8_kernel": cfg.int8_kernel,
+        "int8_kernel": cfg.int8_kernel, "attention": cfg.attention,
     }
     _say(cfg, f"perfsdk ladder: {size} on {dev}: rungs {', '.join(n for n, r in plan if r is None)}")
     hw, hw_note, cal_bw = _peaks(dev, cfg.calibrate)
@@ -238,6 +239,7 @@ def _run_rung(cfg: LadderConfig, name: str, model: Any, s: Mapping[str, Any], hw
         size=s["size"], device=s["device"], model=model, engine=name, seed=s["seed"],
         max_batch_slots=s["max_batch_slots"], max_seq=s["max_seq"], calibrate=cfg.calibrate,
         profile_dir=str(out / "traces"), compile_int8=compile_int8, int8_kernel=cfg.int8_kernel,
+        attention=cfg.attention,
     )
     try:
         eng, mon, spec = stack.engine, stack.monitor, stack.model_spec
@@ -247,6 +249,8 @@ def _run_rung(cfg: LadderConfig, name: str, model: Any, s: Mapping[str, Any], hw
             "graphs": len(getattr(eng, "_graphs", {})), "capture_s": round(getattr(eng, "capture_seconds", 0.0), 2),
             "compile_s": round(getattr(eng, "compile_seconds", 0.0), 2),
             "int8_kernel": getattr(eng, "int8_kernel", None) if getattr(eng, "quantized", False) else None,
+            "attention": getattr(eng, "attention", None),
+            "attention_rejected": getattr(eng, "attention_rejected", None),
         }
         row["spec"] = {"params": spec.params, "weight_bytes": spec.weight_bytes, "dtype": spec.dtype,
                        "kv_bytes_per_token": spec.kv_bytes_per_token}

@@ -15,7 +15,8 @@
 ``graph``  :class:`~perfsdk.demo.graph_engine.GraphEngine`: decode captured as CUDA graphs per padded
            batch size and attention length, static buffers, sampling on the device, the host one step
            behind, prompts prefilled together
-``compile``  the same, with each layer and the sampler through ``torch.compile`` before capture
+``compile``  the same, with each layer and the sampler through ``torch.compile`` before capture, and
+           on CUDA the decode attention fused into one Triton kernel that reads the KV cache in place
 ``int8``   the rung below it with weight-only int8 weights (:mod:`perfsdk.demo.quant`): half the bytes
 =========  ===========================================================================================
 
@@ -134,10 +135,13 @@ def build_engine(
     seed: int = 0,
     compile_int8: bool | None = None,
     int8_kernel: str = "auto",
+    attention: str = "auto",
 ) -> Engine:
     """The engine of rung *name* over *model*; for ``int8`` the model is quantised in place first.
 
     ``int8`` runs on top of ``compile`` on CUDA and of ``graph`` on a CPU unless *compile_int8* says.
+    *attention* is :class:`~perfsdk.demo.graph_engine.GraphEngine`'s (``"auto"``: the fused Triton kernel
+    under ``compile`` on CUDA).
     """
     from perfsdk.demo.engine import Engine
     from perfsdk.demo.graph_engine import GraphEngine
@@ -146,9 +150,10 @@ def build_engine(
     if name == "int8":
         prepare_model(model, name, int8_kernel=int8_kernel)
         compiled = model.device.type == "cuda" if compile_int8 is None else compile_int8
-        return GraphEngine(model, monitor=monitor, seed=seed, compile=compiled, int8_kernel=int8_kernel)
+        return GraphEngine(model, monitor=monitor, seed=seed, compile=compiled, int8_kernel=int8_kernel,
+                           attention=attention)
     if is_quantized(model):
         raise ConfigError(f"engine {name!r}: the model is already int8; build a fresh model for a bf16 rung")
     if name == "eager":
         return Engine(model, monitor=monitor, seed=seed)
-    return GraphEngine(model, monitor=monitor, seed=seed, compile=name == "compile")
+    return GraphEngine(model, monitor=monitor, seed=seed, compile=name == "compile", attention=attention)

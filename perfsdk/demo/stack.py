@@ -196,6 +196,7 @@ def start_demo(
     profile_dir: str | None = None,
     compile_int8: bool | None = None,
     int8_kernel: str = "auto",
+    attention: str = "auto",
 ) -> DemoStack:
     """Build the model on *device*, wrap it in a monitor and an engine, and start serving on *port*.
 
@@ -227,7 +228,8 @@ def start_demo(
     if instrument:
         hw, hw_note = _hardware(dev, calibrate)
         mon = _monitor(spec, hw, model_name, profile_dir)
-    eng = build_engine(model, rung, monitor=mon, seed=seed, compile_int8=compile_int8, int8_kernel=int8_kernel)
+    eng = build_engine(model, rung, monitor=mon, seed=seed, compile_int8=compile_int8, int8_kernel=int8_kernel,
+                       attention=attention)
     eng.warm_up()
     build_s = time.perf_counter() - t0
     if getattr(eng, "cuda_graphs", False) is False and rung != "eager" and not dev.startswith("cuda"):
