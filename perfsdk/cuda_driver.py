@@ -15,9 +15,13 @@ handles (``CUevent``) created and recorded through ``libcuda`` with
   side of that: when the GPU's launch queue is full the record waits for room
   holding the GIL, as any launch from that thread would wait anyway (the
   collector then waits for the GIL, not the GPU);
-* ``query``, ``wait`` and ``elapsed_s`` run on the collector; ``wait``
-  (``cuEventSynchronize`` on a ``CU_EVENT_BLOCKING_SYNC`` event) goes through
-  :class:`ctypes.CDLL`, which releases the GIL and sleeps in the driver.
+* ``query`` and ``elapsed_s`` run on the step core. The events are made with
+  the default flags, not ``CU_EVENT_BLOCKING_SYNC``: a blocking-sync event
+  costs the GPU about 0.7 µs more per record between two graph replays (an
+  H200, ``benchmarks/graph_gaps.py``), and cuEventSynchronize on a default event
+  spins a CPU. So the core waits by polling (``poll_wait``): a query every poll
+  interval, sleeping between; ``wait`` (cuEventSynchronize, through
+  :class:`ctypes.CDLL`, which releases the GIL) is there for other callers.
 
 Runtime and driver handles are the same objects, so an event recorded here on
 torch's stream orders with torch's work exactly as ``torch.cuda.Event`` would.
@@ -39,6 +43,7 @@ from typing import Any, NamedTuple
 
 __all__ = ["CudaDriverError", "DriverAddresses", "DriverEvents", "driver_events", "relax_capture_mode"]
 
+CU_EVENT_DEFAULT = 0x0
 CU_EVENT_BLOCKING_SYNC = 0x1
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_READY = 600
@@ -52,7 +57,8 @@ class DriverAddresses(NamedTuple):
     Signatures are libcuda's: ``cuEventRecord(event, stream)``, ``cuStreamIsCapturing(stream, int*)``,
     ``cuEventQuery(event)``, ``cuEventSynchronize(event)``, ``cuEventElapsedTime(float*, start, end)``,
     ``cuCtxSetCurrent(context)`` and ``cuThreadExchangeStreamCaptureMode(int*)``; events and streams are the
-    handles :meth:`EventApi.new` and the stream call return. A scripted GPU in the tests provides the same
+    handles :meth:`EventApi.new` and the stream call return. ``synchronize`` is 0 where the core waits by
+    polling (perfsdk's own events are not blocking-sync ones). A scripted GPU in the tests provides the same
     through ctypes callbacks.
     """
 
@@ -153,6 +159,9 @@ class DriverEvents:
         return None
 
     # ---- the event-API interface (see perfsdk.timing.EventApi) ----------
+    #: the step core waits for these events by polling (they are not blocking-sync events)
+    poll_wait = True
+
     def ensure_context(self) -> None:
         """Make the primary context current on this thread if no context is (the runtime does the same).
 
@@ -169,7 +178,7 @@ class DriverEvents:
         self._check("cuCtxPushCurrent", self._ctx_push(self._context))
         try:
             ev = ctypes.c_void_p()
-            self._check("cuEventCreate", self._create(ctypes.byref(ev), CU_EVENT_BLOCKING_SYNC))
+            self._check("cuEventCreate", self._create(ctypes.byref(ev), CU_EVENT_DEFAULT))
         finally:
             self._ctx_pop(ctypes.byref(ctypes.c_void_p()))
         return int(ev.value or 0)
@@ -213,7 +222,7 @@ class DriverEvents:
 
         return DriverAddresses(
             record=self.record_address(), is_capturing=self.capture_check_address(), query=address("cuEventQuery"),
-            synchronize=address("cuEventSynchronize"),
+            synchronize=0,  # default (spinning) events: the core polls instead (poll_wait)
             elapsed=address("cuEventElapsedTime_v2") or address("cuEventElapsedTime"),
             ctx_set_current=address("cuCtxSetCurrent"), context=int(self._context or 0),
             exchange_capture_mode=address("cuThreadExchangeStreamCaptureMode"),

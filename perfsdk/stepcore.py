@@ -236,7 +236,7 @@ class PyStepCore:
                     if newest not in (rec.end, waited) and self._wait_newest(newest):
                         waited = newest
                         continue  # re-check the oldest
-                    api.wait(rec.end)  # blocking-sync event: sleeps in the driver, GIL released
+                    self._wait(rec.end)
                 seconds = api.elapsed_s(rec.start, rec.end)
             except Exception as e:
                 # a CUDA error (sticky after a fault, say): count it and keep the step as counted but untimed
@@ -259,10 +259,21 @@ class PyStepCore:
         try:
             if self._api.query(newest):
                 return False
-            self._api.wait(newest)
+            self._wait(newest)
             return True
         except Exception:
             return False
+
+    def _wait(self, ev: Any) -> None:
+        """Block until *ev* completes: a query every poll interval where the events say ``poll_wait``
+        (perfsdk's own: made without blocking sync, whose records cost the GPU less), else ``api.wait``."""
+        api = self._api
+        if getattr(api, "poll_wait", False):
+            while not api.query(ev):
+                self._wake.wait(self._poll)  # sync() and stop() wake it
+                self._wake.clear()
+        else:
+            api.wait(ev)
 
     def _let_go(self, rec: StepRecord) -> None:
         pool = self._pool

@@ -132,8 +132,11 @@ class TorchEvents:
 
         self._event: Any = torch.cuda.Event
 
+    #: the step core waits for these events by polling (synchronize() on them would spin a CPU)
+    poll_wait = True
+
     def new(self) -> Any:
-        return self._event(enable_timing=True, blocking=True)
+        return self._event(enable_timing=True)  # not blocking-sync: cheaper on the GPU; the core polls
 
     def destroy(self, ev: Any) -> None:
         pass  # freed with the object

@@ -36,6 +36,7 @@ class FakeGpu:
     """perfsdk.timing.EventApi over integer events whose records take the (test-moved) GPU clock."""
 
     name = "fake"
+    poll_wait = False  # True: the core waits by querying (as for perfsdk's own, non-blocking-sync, events)
     pool_capacity = 64  # events the Monitor may make (Monitor(_events=gpu) reads these two)
     pool_prefill = 32
 
@@ -145,7 +146,8 @@ class FakeGpu:
         cbs = [_RECORD(record), _IS_CAPTURING(is_capturing), _EVENT(query), _EVENT(synchronize), _ELAPSED(elapsed)]
         self._callbacks.extend(cbs)
         addr = [int(ctypes.cast(cb, ctypes.c_void_p).value or 0) for cb in cbs]
-        return DriverAddresses(record=addr[0], is_capturing=addr[1], query=addr[2], synchronize=addr[3],
+        return DriverAddresses(record=addr[0], is_capturing=addr[1], query=addr[2],
+                               synchronize=0 if self.poll_wait else addr[3],
                                elapsed=addr[4], ctx_set_current=0, context=0, exchange_capture_mode=0)
 
 

@@ -252,6 +252,37 @@ def test_the_collector_waits_once_for_a_run_of_queued_steps() -> None:
         assert h.sum(STEP, phase="decode") == pytest.approx(0.015)
 
 
+def test_events_that_are_not_blocking_sync_are_waited_for_by_polling() -> None:
+    """perfsdk's own events are default (spinning) events: the core queries them every poll interval and
+    never calls synchronize; every step is still read, with its device time."""
+
+    class PollingGpu(FakeGpu):
+        poll_wait = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.queries: dict[int, int] = {}
+
+        def query(self, ev: int) -> bool:
+            self.queries[ev] = self.queries.get(ev, 0) + 1
+            return self.queries[ev] % 3 == 0  # "not ready" twice, then done
+
+        def wait(self, ev: int) -> None:
+            raise AssertionError("synchronize on an event that is not blocking-sync would spin a CPU")
+
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        gpu = PollingGpu()
+        pool = wire(h, gpu)
+        steps(h, gpu, clock, [1.0, 2.0, 3.0, 4.0, 5.0], host_gap_s=1e-3)
+        assert h.monitor.flush(5)
+        assert h.count(STEP, phase="decode") == 5
+        assert h.sum(STEP, phase="decode") == pytest.approx(0.015)
+        assert h.monitor.stats()["internal_errors"] == 0
+        assert sum(gpu.queries.values()) > 5
+        assert wait_until(lambda: pool.in_use == 1)
+
+
 def test_a_thread_that_ends_gives_back_its_last_end() -> None:
     """A thread per request (generate() in a Thread): each thread's last end event comes back."""
     import threading

@@ -3,7 +3,8 @@
  * The same algorithm as perfsdk/stepcore.py's PyStepCore (read that first: it is the specification, and
  * tests/test_stepcore.py feeds both the same steps and compares every output): read step records in
  * order from the ring, wait for a timed step's end event (the newest pending step's, so one wake-up reads
- * a run of steps; cuEventSynchronize on a blocking-sync event sleeps in the driver), read the device time,
+ * a run of steps; a query every poll interval, sleeping between, or cuEventSynchronize where the events are
+ * blocking-sync ones), read the device time,
  * let go of the events, price the step (the coefficients of perfsdk.stepcost.StepCosts, the same
  * floating-point operations in the same order), and count it into per-phase histogram buckets and sums,
  * counters, the last WINDOW steps for stats(), sampled steps for spans and, while a profiler window
@@ -363,12 +364,26 @@ static void let_go(StepCore *c, const StepRecord *r) {
 
 static void *ev(StepCore *c, int32_t slot) { return (void *)c->pool.handle[slot]; }
 
+static void sleep_idle(StepCore *c, double seconds);
+
+/* Block until event *e* completes: cuEventSynchronize where the events are blocking-sync ones, else (no
+   synchronize address: perfsdk's own events, made without CU_EVENT_BLOCKING_SYNC, whose records cost the GPU
+   less) a query every poll interval, sleeping between (sync() and stop() wake it). */
+static int wait_event(StepCore *c, void *e) {
+    if (c->synchronize) return c->synchronize(e);
+    for (;;) {
+        int q = c->query(e);
+        if (q != CUDA_ERROR_NOT_READY) return q;
+        sleep_idle(c, c->poll);
+    }
+}
+
 /* Wait for the newest pending step's end: 1 when waited, 0 when done already or it cannot be waited on. */
 static int wait_newest(StepCore *c, int32_t newest) {
     int q = c->query(ev(c, newest));
     if (q == 0) return 0;
     if (q != CUDA_ERROR_NOT_READY) return 0;
-    return c->synchronize(ev(c, newest)) == 0;
+    return wait_event(c, ev(c, newest)) == 0;
 }
 
 static void resolve(StepCore *c, int block) {
@@ -384,8 +399,8 @@ static void resolve(StepCore *c, int block) {
                 waited = newest;
                 continue;  /* re-check the oldest */
             }
-            q = c->synchronize(ev(c, r->end));
-            if (q) core_error(c, "core event", "cuEventSynchronize", q);
+            q = wait_event(c, ev(c, r->end));
+            if (q) core_error(c, "core event", c->synchronize ? "cuEventSynchronize" : "cuEventQuery", q);
         } else if (q) {
             core_error(c, "core event", "cuEventQuery", q);
         }
@@ -561,8 +576,8 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         c->context = (void *)attr_address(events, "context", &ok);
         c->exchange_mode = (cu_exchange_mode_t)attr_address(events, "exchange_capture_mode", &ok);
         if (!ok) goto fail;
-        if (event_capacity && (!c->query || !c->synchronize || !c->elapsed)) {
-            PyErr_SetString(PyExc_ValueError, "StepCore: events need query, synchronize and elapsed addresses");
+        if (event_capacity && (!c->query || !c->elapsed)) {
+            PyErr_SetString(PyExc_ValueError, "StepCore: events need query and elapsed addresses");
             goto fail;
         }
     }
