@@ -139,7 +139,8 @@ class Monitor:
         hot_path: ``"auto"`` (default): the hot path and step core in C (``perfsdk._native``) where the
             extension was built and the events allow, else in Python; ``"c"`` (raise if not possible) or
             ``"python"``. ``Monitor.hot_path`` says which runs.
-        poll_interval: the step core's shortest idle sleep (s; it backs off to 0.1 s while idle).
+        poll_interval: the step core's shortest idle sleep, and how often it asks the GPU whether a pending step's
+            end event has completed (s, default 0.005; it backs off to 0.1 s while idle).
         export_interval: how often the collector hands results to the sinks (s, default 1: Prometheus scrapes
             every 10-15 s, and every visit is a turn at the GIL; ``flush()`` and ``stats()`` are exact anyway).
         strict: raise :class:`~perfsdk.errors.ConfigError` for bad values from serving code instead of

@@ -147,6 +147,21 @@ def test_bad_settings_raise_config_error(model: Transformer) -> None:
         GraphEngine(model, batch_sizes=[1, 2])
     with pytest.raises(ConfigError, match="max_prefill_tokens"):
         GraphEngine(model, max_prefill_tokens=16)
+    with pytest.raises(ConfigError, match="attention: expected"):
+        GraphEngine(model, attention="flash")
+    with pytest.raises(ConfigError, match="needs CUDA and Triton"):
+        GraphEngine(model, attention="triton")  # a CPU model: the fused kernel cannot run
+
+
+def test_the_fused_attention_is_chosen_only_where_it_can_run(model: Transformer) -> None:
+    plain = GraphEngine(model)
+    assert (plain.attention, plain.attention_rejected) == ("torch", None)  # not compiled: nothing to choose
+    asked = GraphEngine(model, attention="torch")
+    assert (asked.attention, asked.attention_rejected) == ("torch", None)
+    # compile=True on a CPU: auto falls back to the torch attention and says why (nothing is compiled
+    # until the first step, which this test never runs)
+    compiled = GraphEngine(model, compile=True)
+    assert (compiled.attention, compiled.attention_rejected) == ("torch", "needs CUDA and Triton")
 
 
 @pytest.fixture
