@@ -48,3 +48,13 @@ def test_a_padding_row_gives_zeros_and_the_cache_must_be_contiguous() -> None:
     assert torch.count_nonzero(out[1]) == 0
     with pytest.raises(ValueError, match="contiguous"):
         fused_decode_attention(q, k.transpose(-1, -2), k, torch.tensor([2, 0]), mask[:, :16])
+
+
+def test_the_custom_op_registers_once_and_its_fake_matches() -> None:
+    from perfsdk.demo.attention_triton import attention_op
+
+    op = attention_op()
+    assert attention_op() is op
+    q, k = torch.randn(2, 1, 4, 16), torch.randn(3, 2, 64, 16)
+    args = (q, k, k.clone(), torch.tensor([2, 0]), torch.ones(2, 64, dtype=torch.bool))
+    torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))

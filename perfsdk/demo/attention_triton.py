@@ -19,7 +19,6 @@ never used. Imported only where Triton and a GPU are present.
 """
 
 import math
-import threading
 from typing import Any
 
 import torch
@@ -28,8 +27,6 @@ import triton.language as tl
 
 __all__ = ["attention_op", "check", "fused_decode_attention"]
 
-_op: Any = None
-_lock = threading.Lock()
 
 
 # No `from __future__ import annotations` in this file: Triton reads the kernel's annotations (tl.constexpr).
@@ -128,26 +125,19 @@ def fused_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 def attention_op() -> Any:
-    """Register ``perfsdk_demo::decode_attention`` once (lazily: importing this module registers nothing)."""
-    global _op
-    if _op is not None:
-        return _op
-    with _lock:
-        if _op is None:
+    """``perfsdk_demo::decode_attention``, registered on first use (importing this module registers nothing)."""
+    from perfsdk.demo.custom_ops import custom_op_once
 
-            @torch.library.custom_op("perfsdk_demo::decode_attention", mutates_args=())
-            def op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                   mask: torch.Tensor) -> torch.Tensor:
-                return fused_decode_attention(q, k_cache, v_cache, slots, mask)
+    def op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+           mask: torch.Tensor) -> torch.Tensor:
+        return fused_decode_attention(q, k_cache, v_cache, slots, mask)
 
-            @op.register_fake
-            def _(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                  mask: torch.Tensor) -> torch.Tensor:
-                b, _, h, d = q.shape
-                return q.new_empty(b, 1, h * d)
+    def fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+             mask: torch.Tensor) -> torch.Tensor:
+        b, _, h, d = q.shape
+        return q.new_empty(b, 1, h * d)
 
-            _op = op
-    return _op
+    return custom_op_once("perfsdk_demo::decode_attention", lambda: (op, fake))
 
 
 def check(reference: Any, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: Any) -> str | None:

@@ -28,7 +28,6 @@ int8 weights and their scales (see :func:`perfsdk.demo.stack.demo_model_spec`).
 from __future__ import annotations
 
 import importlib.util
-import threading
 from typing import Any
 
 import torch
@@ -41,8 +40,6 @@ __all__ = ["TRITON_MAX_ROWS", "Int8Linear", "int8_linear", "quantize_int8", "qua
 #: Rows (tokens) up to which the Triton kernel runs; a decode batch is at most the KV-cache slots.
 TRITON_MAX_ROWS = 64
 
-_lock = threading.Lock()
-_op: Any = None
 
 
 def triton_available() -> bool:
@@ -113,21 +110,18 @@ def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, *, kernel: str = "auto
 
 
 def triton_op() -> Any:
-    """Register ``perfsdk_demo::w8a16_mm`` once (lazily: importing this module registers nothing)."""
-    global _op
-    if _op is not None:
-        return _op
-    with _lock:
-        if _op is None:
-            from perfsdk.demo.int8_triton import w8a16_mm
+    """``perfsdk_demo::w8a16_mm``, registered on first use (importing this module registers nothing)."""
+    from perfsdk.demo.custom_ops import custom_op_once
 
-            @torch.library.custom_op("perfsdk_demo::w8a16_mm", mutates_args=())
-            def op(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-                return w8a16_mm(x, weight, scale)
+    def build() -> tuple[Any, Any]:
+        from perfsdk.demo.int8_triton import w8a16_mm
 
-            @op.register_fake
-            def _(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-                return x.new_empty(x.shape[0], weight.shape[0])
+        def op(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+            return w8a16_mm(x, weight, scale)
 
-            _op = op
-    return _op
+        def fake(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+            return x.new_empty(x.shape[0], weight.shape[0])
+
+        return op, fake
+
+    return custom_op_once("perfsdk_demo::w8a16_mm", build)
