@@ -51,13 +51,18 @@ def free_ports(n: int) -> int:
 
 
 def query(url: str, promql: str) -> dict[str, Any]:
-    """The API's answer to an instant query (a bad query answers 400 with the parser's message)."""
+    """The API's answer to an instant query (a bad query answers 400 with the parser's message; a server not
+    ready yet, a 503 in plain text, comes back as an error answer too)."""
     full = f"{url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
     try:
         with urllib.request.urlopen(full, timeout=5) as resp:
             return dict(json.load(resp))
     except urllib.error.HTTPError as e:
-        return dict(json.load(e))
+        body = e.read().decode(errors="replace")
+        try:
+            return dict(json.loads(body))
+        except ValueError:  # not ready yet: a 503 with a plain-text body
+            return {"status": "error", "errorType": f"http {e.code}", "error": body.strip()}
 
 
 @dataclass

@@ -66,7 +66,8 @@ class Run:
 
 def _result(prom: str, promql: str) -> list[dict[str, Any]]:
     body = query(prom, promql)
-    assert body.get("status") == "success", (promql, body)
+    if body.get("status") != "success":  # e.g. a 503 while Prometheus starts: _eventually asks again
+        raise ValueError(f"{promql}: Prometheus answered {body}")
     return list(body["data"]["result"])
 
 
@@ -81,7 +82,7 @@ def _eventually(what: str, check: Callable[[], Any], timeout: float = 60.0) -> A
     while time.monotonic() < deadline:
         try:
             last = check()
-        except OSError as e:  # Prometheus not listening yet
+        except (OSError, ValueError) as e:  # Prometheus not listening, or not ready, yet
             last = e
         if last and not isinstance(last, Exception):
             return last
