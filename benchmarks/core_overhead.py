@@ -349,8 +349,9 @@ def overload(spec: ModelSpec, hw: Any, hot_path: str | None, timing: str) -> dic
 
 
 def _raw_event_push() -> Callable[[], None]:
-    """A push that is one driver-API ``cuEventRecord`` of a blocking-sync timing event (perfsdk's kind) on the
-    current stream, through ctypes with the GIL kept, and nothing else: the driver's own tail."""
+    """A push that is one driver-API ``cuEventRecord`` of a blocking-sync timing event (perfsdk's kind until its
+    events became default-flag ones) on the current stream, through ctypes with the GIL kept, and nothing else:
+    the driver's own tail."""
     import ctypes
 
     cuda = ctypes.PyDLL("libcuda.so.1")

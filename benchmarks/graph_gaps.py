@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from llama_decode import SHAPES, Model, capture_decode_graph  # this directory is on sys.path
+from llama_decode import SHAPES, Model, capture_decode_graph, capture_graph  # this directory is on sys.path
 
 
 def run(step: Callable[[int], None], steps: int) -> float:
@@ -145,15 +145,8 @@ def make_variants(model: Model, g: Any, tokens: torch.Tensor, pos: torch.Tensor,
     variants["perfsdk"] = with_perfsdk
     try:
         inside = torch.cuda.Event(enable_timing=True, external=True)  # type: ignore[call-arg]
-        g2 = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            model.decode(tokens, pos)
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g2):
-            model.decode(tokens, pos)
-            inside.record()
+        # the step, then the event recorded inside the capture (an event-record node at the graph's end)
+        g2, _ = capture_graph(lambda: (model.decode(tokens, pos), inside.record()), warmups=1)
 
         def in_graph(i: int) -> None:
             g2.replay()

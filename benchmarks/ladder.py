@@ -132,16 +132,13 @@ def _strip(result: dict[str, Any]) -> dict[str, Any]:
 
 def _graph_time_ms(fn: Any, calls: int = 20) -> float:
     """GPU time of one call of *fn*: *calls* calls captured in one CUDA graph, replayed (no launch gaps)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    from llama_decode import capture_graph  # beside this script
+
+    def many() -> None:
         for _ in range(calls):
             fn()
+
+    g, _ = capture_graph(many, warmups=1)
     return _time_ms(g.replay) / calls
 
 

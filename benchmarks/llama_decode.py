@@ -6,6 +6,7 @@ Shared by ``overhead.py`` and ``core_overhead.py``. Shapes: ``1b`` (TinyLlama-1.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LOOPS", "SHAPES", "Cfg", "Model", "capture_decode_graph", "capture_with_step", "decode_loop"]
+__all__ = ["LOOPS", "SHAPES", "Cfg", "Model", "capture_decode_graph", "capture_graph", "capture_with_step",
+           "decode_loop"]
 
 
 class Cfg:
@@ -98,36 +100,35 @@ class Model(nn.Module):
         return self.head(self.norm(x))  # logits for every position, as 2·params·tokens assumes
 
 
-def capture_decode_graph(model: Model, tokens: Tensor, pos: Tensor, with_output: bool = False) -> Any:
-    """A CUDA graph of one decode step (warmed up on a side stream first, as torch requires).
-
-    *with_output*: return ``(graph, next_token_ids)``, the graph's static output tensor.
-    """
+def capture_graph(fn: Callable[[], Any], warmups: int = 3, around: Any = None) -> tuple[Any, Any]:
+    """``(graph, fn's output)``: *fn* warmed up *warmups* times on a side stream (as torch requires), then
+    captured, inside the context manager *around* if one is given."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(3):
-            model.decode(tokens, pos)
+        for _ in range(warmups):
+            fn()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = model.decode(tokens, pos)
-    return (g, out) if with_output else g
+    with torch.cuda.graph(g), (around if around is not None else contextlib.nullcontext()):
+        out = fn()
+    return g, out
 
+
+def capture_decode_graph(model: Model, tokens: Tensor, pos: Tensor, with_output: bool = False) -> Any:
+    """A CUDA graph of one decode step. *with_output*: return ``(graph, next_token_ids)``, the graph's
+    static output tensor."""
+    g, out = capture_graph(lambda: model.decode(tokens, pos))
+    return (g, out) if with_output else g
 
 
 def capture_with_step(model: Model, tokens: Tensor, pos: Tensor, mon: Any, context_tokens: int) -> Any:
     """A CUDA graph of one decode step captured with ``mon.decode()`` around the captured work (which must
     do nothing during a capture)."""
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        model.decode(tokens, pos)  # warm-up off the capture stream, as torch's docs ask
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g), mon.decode(batch=1, context_tokens=context_tokens):
-        model.decode(tokens, pos)
+    g, _ = capture_graph(lambda: model.decode(tokens, pos), warmups=1,
+                         around=mon.decode(batch=1, context_tokens=context_tokens))
     return g
+
 
 LOOPS = ("graph", "graph_synced", "eager")
 

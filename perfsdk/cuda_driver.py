@@ -17,7 +17,7 @@ handles (``CUevent``) created and recorded through ``libcuda`` with
   collector then waits for the GIL, not the GPU);
 * ``query`` and ``elapsed_s`` run on the step core. The events are made with
   the default flags, not ``CU_EVENT_BLOCKING_SYNC``: a blocking-sync event
-  costs the GPU about 0.7 µs more per record between two graph replays (an
+  costs the GPU 0.5–0.8 µs more per record between two graph replays (an
   H200, ``benchmarks/graph_gaps.py``), and cuEventSynchronize on a default event
   spins a CPU. So the core waits by polling (``poll_wait``): a query every poll
   interval, sleeping between; ``wait`` (cuEventSynchronize, through
@@ -222,7 +222,7 @@ class DriverEvents:
 
         return DriverAddresses(
             record=self.record_address(), is_capturing=self.capture_check_address(), query=address("cuEventQuery"),
-            synchronize=0,  # default (spinning) events: the core polls instead (poll_wait)
+            synchronize=0 if self.poll_wait else address("cuEventSynchronize"),  # 0: the core polls
             elapsed=address("cuEventElapsedTime_v2") or address("cuEventElapsedTime"),
             ctx_set_current=address("cuCtxSetCurrent"), context=int(self._context or 0),
             exchange_capture_mode=address("cuThreadExchangeStreamCaptureMode"),

@@ -122,6 +122,7 @@ class PyStepCore:
         self._costs = costs
         self._pool = pool
         self._api = api
+        self._poll_wait = bool(getattr(api, "poll_wait", False))  # query and sleep, not api.wait (see _wait)
         self.capacity = capacity
         self._span_rate = span_rate
         self._poll = poll_interval
@@ -268,7 +269,7 @@ class PyStepCore:
         """Block until *ev* completes: a query every poll interval where the events say ``poll_wait``
         (perfsdk's own: made without blocking sync, whose records cost the GPU less), else ``api.wait``."""
         api = self._api
-        if getattr(api, "poll_wait", False):
+        if self._poll_wait:
             while not api.query(ev):
                 self._wake.wait(self._poll)  # sync() and stop() wake it
                 self._wake.clear()

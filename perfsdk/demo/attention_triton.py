@@ -1,4 +1,4 @@
-"""Fused decode attention in Triton: one kernel per layer reads each row's keys and values straight from
+"""Fused decode attention in Triton: two kernels per layer read each row's keys and values straight from
 the KV cache, for CUDA.
 
 ``decode_attention(q, k_cache, v_cache, slots, mask)`` computes, for every row ``b`` and query head ``h``,
@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 
 __all__ = ["attention_op", "check", "fused_decode_attention"]
-
 
 
 # No `from __future__ import annotations` in this file: Triton reads the kernel's annotations (tl.constexpr).
@@ -124,20 +123,22 @@ def fused_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out.reshape(b, 1, h * d)
 
 
+def _op_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+             mask: torch.Tensor) -> torch.Tensor:
+    return fused_decode_attention(q, k_cache, v_cache, slots, mask)
+
+
+def _op_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+             mask: torch.Tensor) -> torch.Tensor:
+    b, _, h, d = q.shape
+    return q.new_empty(b, 1, h * d)
+
+
 def attention_op() -> Any:
     """``perfsdk_demo::decode_attention``, registered on first use (importing this module registers nothing)."""
     from perfsdk.demo.custom_ops import custom_op_once
 
-    def op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-           mask: torch.Tensor) -> torch.Tensor:
-        return fused_decode_attention(q, k_cache, v_cache, slots, mask)
-
-    def fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-             mask: torch.Tensor) -> torch.Tensor:
-        b, _, h, d = q.shape
-        return q.new_empty(b, 1, h * d)
-
-    return custom_op_once("perfsdk_demo::decode_attention", lambda: (op, fake))
+    return custom_op_once("perfsdk_demo::decode_attention", lambda: (_op_impl, _op_fake))
 
 
 def check(reference: Any, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: Any) -> str | None:

@@ -26,7 +26,7 @@ SGLang's model runners do:
   sampler's elementwise work) before capture. One compiled function serves every layer: the weights
   are its arguments, so inductor compiles a layer once (twice: batch 1 is specialised).
 - **Fused decode attention** (``attention="triton"``, the default under ``compile`` on CUDA with Triton):
-  one Triton kernel per layer reads each row's keys and values from the KV cache in place
+  two Triton kernels per layer read each row's keys and values from the KV cache in place
   (:mod:`perfsdk.demo.attention_triton`), where the torch version gathers the rows' caches and runs five
   kernels more — the fusion inductor cannot do, since the gather is by slot. Checked against the torch
   version on the engine's head shape first; never used where it disagrees.
@@ -265,7 +265,7 @@ class GraphEngine(Engine):
         int8_kernel: for int8 models on CUDA, ``"triton"`` (a fused int8 weight-only matmul for up to 64
             rows) or ``"torch"`` (dequantise then ``F.linear``; inductor fuses it under ``compile``);
             ``"auto"`` picks Triton where it is installed.
-        attention: ``"triton"`` (one fused decode-attention kernel per layer, reading the KV cache in place),
+        attention: ``"triton"`` (fused decode attention, two kernels per layer reading the KV cache in place),
             ``"torch"`` (gather the rows' caches, then batched matmuls and a softmax), or ``"auto"``: Triton
             under ``compile`` on CUDA where Triton is installed and its kernel agrees with the torch version
             here (``attention_rejected`` says why not, when it does not).

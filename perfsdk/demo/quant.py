@@ -41,7 +41,6 @@ __all__ = ["TRITON_MAX_ROWS", "Int8Linear", "int8_linear", "quantize_int8", "qua
 TRITON_MAX_ROWS = 64
 
 
-
 def triton_available() -> bool:
     """True when Triton is importable and a CUDA device is visible."""
     return importlib.util.find_spec("triton") is not None and torch.cuda.is_available()

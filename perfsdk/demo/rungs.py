@@ -16,7 +16,7 @@
            batch size and attention length, static buffers, sampling on the device, the host one step
            behind, prompts prefilled together
 ``compile``  the same, with each layer and the sampler through ``torch.compile`` before capture, and
-           on CUDA the decode attention fused into one Triton kernel that reads the KV cache in place
+           on CUDA the decode attention fused into two Triton kernels that read the KV cache in place
 ``int8``   the rung below it with weight-only int8 weights (:mod:`perfsdk.demo.quant`): half the bytes
 =========  ===========================================================================================
 
