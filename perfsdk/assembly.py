@@ -28,9 +28,9 @@ from typing import Any
 from perfsdk._guard import ErrorGuard
 from perfsdk.config import MonitorConfig
 from perfsdk.errors import ConfigError, MissingDependencyError
-from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps, check_sizes, decorate
+from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps, bare_function, check_sizes, decorate
 from perfsdk.model import ModelSpec
-from perfsdk.records import RequestQueue
+from perfsdk.records import UNSIZED, RequestQueue
 
 __all__ = ["Parts", "StepMaker", "assemble", "load_native", "resolve_hardware", "resolve_model"]
 
@@ -202,7 +202,7 @@ class StepMaker:
     def bind(self) -> None:
         """(Re)bind the hot path to the current state (the constructor; tests that swap a part of it)."""
         st = self.state
-        st.decorate = functools.partial(decorate, self._make, self.compiling, self.errors)
+        st.decorate = functools.partial(decorate, self._make, self.unsized, self.compiling, self.errors)
         st.slow_step = self.slow
         if self.hot is not None and self.hot_path == "c":
             st.untimed += self.hot.untimed  # keep what the previous binding counted
@@ -218,17 +218,40 @@ class StepMaker:
         return self.make(*args)
 
     @staticmethod
-    def _none(phase: str, *_: Any) -> Step:
-        return NoStep(phase)
+    def _none(phase: str, batch: Any = 1, tokens: Any = None, context_tokens: Any = 0, seq_lens: Any = None) -> Any:
+        fn = bare_function(phase, batch, tokens, context_tokens, seq_lens)
+        return fn if fn is not None else NoStep(phase)  # a bare @mon.decode on a disabled Monitor: fn itself
 
-    def _python(self, phase: str, batch: Any, tokens: Any, context_tokens: Any, seq_lens: Any) -> Step:
+    def _python(self, phase: str, batch: Any, tokens: Any, context_tokens: Any, seq_lens: Any) -> Any:
+        if not (type(batch) is int and (tokens is None or type(tokens) is int) and seq_lens is None):
+            fn = bare_function(phase, batch, tokens, context_tokens, seq_lens)
+            if fn is not None:
+                return self._bare(phase, fn)
         try:
             return Step(self.state, phase, batch, tokens, context_tokens, seq_lens)
         except ConfigError as e:
             return self.refused(phase, e)
 
+    def _bare(self, phase: str, fn: Any) -> Any:
+        """``mon.decode(fn)``: a bare ``@mon.decode`` — *fn* with every call a timed step without sizes."""
+        assert self.state.decorate is not None
+        return self.state.decorate(self.unsized(phase), fn)
+
+    def unsized(self, phase: str) -> Any:
+        """A step with no sizes: timed and counted, no bytes or FLOPs (so no MBU/MFU), no tokens."""
+        if not self.enabled:
+            return NoStep(phase)
+        if self.hot_path == "c":
+            return load_native().make_step(self.hot, phase, 0, None, UNSIZED, None)
+        step = Step(self.state, phase, 0, None, 0, None)
+        step._context_tokens = UNSIZED
+        return step
+
     def slow(self, phase: str, batch: Any, tokens: Any, context_tokens: Any, seq_lens: Any) -> Any:
         """The C path's constructor for sizes that are not plain ints: validated here, as Step does."""
+        fn = bare_function(phase, batch, tokens, context_tokens, seq_lens)
+        if fn is not None:
+            return self._bare(phase, fn)
         try:
             b, t, c, lens, dynamic = check_sizes(phase, batch, tokens, context_tokens, seq_lens)
         except ConfigError as e:

@@ -30,6 +30,9 @@ Wrap the request lifecycle (host clock: what users feel) and every prefill, deco
     @mon.decode(batch=lambda ids, **_: ids.shape[0])    # decorator: values from the call's arguments
     def decode_step(ids, ...): ...
 
+    @mon.decode                                         # bare: each call a timed step with no sizes (no MBU)
+    def other_step(...): ...
+
     # values an engine measured itself (perfsdk.engines does this for vLLM and SGLang)
     mon.record_step("decode", 0.021, batch=8, context_tokens=8192)
     mon.record_latencies(ttft_s=[0.12], itl_s=[0.021, 0.020])

@@ -40,6 +40,7 @@ __all__ = [
     "PHASES",
     "PREFILL",
     "TIMED",
+    "UNSIZED",
     "UNTIMED",
     "Finished",
     "FirstToken",
@@ -70,6 +71,10 @@ UNTIMED = 2  # counted, not timed: not sampled (timing_every), or every event wa
 MAX_COUNT = 2**40
 
 NO_TOKENS = -1  # StepRecord.tokens when the caller gave none
+# StepRecord.context_tokens of a step with no sizes at all (a function decorated with a bare ``@mon.decode``):
+# timed and counted, but its bytes, FLOPs and tokens are unknown, so it has no MBU/MFU. Callers cannot pass
+# it: every size they give is checked to be >= 0.
+UNSIZED = -1
 
 
 class StepRecord(NamedTuple):
@@ -83,7 +88,7 @@ class StepRecord(NamedTuple):
     end: Any              # TIMED: the end event; else None
     batch: int            # sequences (decode: decoding sequences; mixed: the decoding part)
     tokens: int           # prefill tokens given, or NO_TOKENS
-    context_tokens: int   # decode: sum of context lengths; prefill: cached prefix tokens
+    context_tokens: int   # decode: sum of context lengths; prefill: cached prefix tokens; UNSIZED: no sizes
     lens_sum: int         # prefill/mixed: sum of the prefill sequence lengths
     lens_sq: int          # ... sum of their squares (causal attention FLOPs)
     lens_count: int       # ... how many sequences

@@ -63,7 +63,13 @@ class StepCosts:
 
     def cost(self, phase: int, batch: int, context_tokens: int, lens_sum: int, lens_sq: int,
              lens_count: int) -> tuple[float | None, float | None, int]:
-        """``(bytes, FLOPs, tokens)`` of one step; bytes and FLOPs are None without a model."""
+        """``(bytes, FLOPs, tokens)`` of one step; bytes and FLOPs are None without a model.
+
+        A step with no sizes (``context_tokens`` is :data:`~perfsdk.records.UNSIZED`: a bare ``@mon.decode``)
+        costs nothing known: ``(None, None, 0)``.
+        """
+        if context_tokens < 0:
+            return None, None, 0
         if phase == DECODE:
             if not self.known:
                 return None, None, batch

@@ -310,6 +310,95 @@ def test_decorator_reads_the_call_arguments() -> None:
         assert h.sum(STEP, phase="prefill") == pytest.approx(0.02)
 
 
+def test_bare_decorators_time_the_function_and_never_swallow_it() -> None:
+    """``@mon.decode`` without parentheses: the body runs, its value comes back, each call is a timed step
+    with no sizes (no bytes, no MBU/MFU); strict mode has nothing to raise. Functions, coroutines,
+    generators, methods and static methods alike."""
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+        mon = h.monitor
+        ran: list[str] = []
+
+        @mon.decode
+        def decode_step(x: int) -> int:
+            ran.append("decode")
+            clock.advance(0.004)
+            return x * 2
+
+        @mon.prefill
+        async def prefill(prompt: str) -> int:
+            ran.append("prefill")
+            clock.advance(0.02)
+            return len(prompt)
+
+        @mon.mixed
+        def mixed() -> str:
+            clock.advance(0.01)
+            return "m"
+
+        @mon.decode
+        def tokens(n: int) -> Any:
+            for i in range(n):
+                clock.advance(0.001)
+                yield i
+
+        class Engine:
+            @mon.decode
+            def method(self, x: int) -> int:
+                clock.advance(0.003)
+                return x + 1
+
+            @mon.decode
+            @staticmethod
+            def static(x: int) -> int:
+                clock.advance(0.003)
+                return x - 1
+
+        assert decode_step(21) == 42
+        assert decode_step.__name__ == "decode_step"
+        assert asyncio.run(prefill("hello")) == 5
+        assert mixed() == "m"
+        assert list(tokens(3)) == [0, 1, 2]
+        assert Engine().method(1) == 2
+        assert Engine.static(1) == 0
+        assert ran == ["decode", "prefill"]
+        assert h.count(STEP, phase="decode") == 4  # decode_step, the generator (one step), method, static
+        assert h.sum(STEP, phase="decode") == pytest.approx(0.004 + 0.003 + 0.003 + 0.003)
+        assert h.count(STEP, phase="prefill") == 1
+        assert h.count(STEP, phase="mixed") == 1
+        assert h.count(MBU, phase="decode") == 0  # no sizes, so no MBU ...
+        assert h.count(MFU, phase="prefill") == 0  # ... and no MFU
+        assert h.value("perfsdk_step_bytes_total", phase="decode") in (None, 0)
+        assert mon.stats()["internal_errors"] == 0
+
+
+def test_a_size_callable_is_not_mistaken_for_the_decorated_function() -> None:
+    with monitor_harness(model=MODEL, hardware=HW) as h:
+        mon = h.monitor
+
+        @mon.decode(lambda ids: len(ids))  # noqa: PLW0108 (a lambda given positionally is a size)
+        def step(ids: list[int]) -> int:
+            return len(ids)
+
+        @mon.decode(batch=len)  # so is a builtin
+        def step2(ids: list[int]) -> int:
+            return 0
+
+        assert step([1, 2, 3]) == 3
+        assert step2([1, 2]) == 0
+        assert h.value("perfsdk_step_tokens_total", phase="decode") == 5
+
+
+def test_bare_decorator_on_a_disabled_monitor_returns_the_function() -> None:
+    mon = perfsdk.Monitor(enabled=False)
+
+    @mon.decode
+    def f(x: int) -> int:
+        return x + 1
+
+    assert f(1) == 2
+
+
 def test_callable_sizes_in_a_with_block_are_a_clear_error() -> None:
     with monitor_harness() as h, pytest.raises(ConfigError, match="decorator form"), \
             h.monitor.decode(batch=lambda x: 1):

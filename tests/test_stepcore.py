@@ -19,7 +19,7 @@ from perfsdk.buckets import STEP, UTIL
 from perfsdk.hardware import HardwareSpec
 from perfsdk.model import ModelSpec
 from perfsdk.monitor import load_native
-from perfsdk.records import DECODE, HOST, MIXED, PREFILL, UNTIMED, StepRecord, lens_summary
+from perfsdk.records import DECODE, HOST, MIXED, PREFILL, UNSIZED, UNTIMED, StepRecord, lens_summary
 from perfsdk.stepcore import PyStepCore, StepTotals, native_core
 from perfsdk.stepcost import StepCosts
 
@@ -42,11 +42,13 @@ def random_records(rng: random.Random, n: int) -> list[StepRecord]:
         phase = rng.choice((PREFILL, DECODE, MIXED))
         timing = rng.choice((HOST, HOST, HOST, UNTIMED))
         batch = rng.choice((0, 1, 7, 64, rng.randrange(1, 4096)))
-        ctx = rng.choice((0, 1, rng.randrange(0, 2**24), rng.randrange(0, 2**34)))
+        ctx = rng.choice((0, 1, rng.randrange(0, 2**24), rng.randrange(0, 2**34), UNSIZED))
         tokens = rng.choice((-1, rng.randrange(0, 2**20)))
         lens = None if rng.random() < 0.5 else [rng.randrange(0, 2**16) for _ in range(rng.randrange(0, 9))]
-        if phase == DECODE:
+        if phase == DECODE or ctx == UNSIZED:  # a step with no sizes (a bare @mon.decode) has none at all
             tokens, lens = -1, None
+        if ctx == UNSIZED:
+            batch = 0
         s, sq, c = lens_summary(phase, batch, tokens, lens)
         dur = rng.choice((0, 1, rng.randrange(1, 10**9), rng.randrange(10**5, 3 * 10**6)))
         error = "ValueError" if rng.random() < 0.05 else None

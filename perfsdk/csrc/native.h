@@ -29,6 +29,7 @@ enum { TIMING_TIMED = 0, TIMING_HOST = 1, TIMING_UNTIMED = 2 };
 
 #define NO_EVENT (-1)
 #define NO_TOKENS (-1)
+#define UNSIZED (-1) /* StepRecord.context_tokens of a step with no sizes (perfsdk.records.UNSIZED) */
 #define MAX_ERROR_NAMES 64
 #define CUDA_ERROR_NOT_READY 600
 #define CUDA_ERROR_INVALID_CONTEXT 201

@@ -254,6 +254,10 @@ static void recent_add(double *arr, int64_t *n, double v) { arr[(*n)++ % WINDOW]
 /* (bytes, FLOPs, tokens): perfsdk.stepcost.StepCosts.cost, operation for operation. */
 static void cost(const StepCore *c, const StepRecord *r, double *nbytes, double *flops, int64_t *ntokens) {
     *nbytes = *flops = NAN;
+    if (r->context_tokens < 0) { /* UNSIZED: a step with no sizes (a bare @mon.decode) */
+        *ntokens = 0;
+        return;
+    }
     if (r->phase == PHASE_DECODE) {
         *ntokens = r->batch;
         if (!c->known) return;
