@@ -300,7 +300,7 @@ def run_config(model: TPDecoder, spec: ModelSpec, hw: HardwareSpec, device: torc
     trace = result.trace if result is not None else None
     actual = model.bytes_read(batch)
     peak = hw.memory_bandwidth
-    per_step = decode_step_bytes(spec, ctx_tokens)
+    per_step = decode_step_bytes(spec, ctx_tokens, batch)
     perfsdk_ms = stats.get("step_ms_mean")
     mine = {
         "rank": rank, "steps": steps, "extra_repeats": model.extra_repeats,

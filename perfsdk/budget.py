@@ -14,7 +14,10 @@ with a budget")::
     budget.mbu(budget.decode_step_bytes(m, 4096), 9.8e-3, h100.memory_bandwidth)  # ~0.50
 
 Decode reads every weight once per step plus every sequence's KV cache, so it
-is priced in bytes over bandwidth. Prefill multiplies every weight with every
+is priced in bytes over bandwidth — every weight except an *untied* input
+embedding, of which a step reads one row per sequence (a tied one is the LM
+head and is read whole, once). The seeds round a step to ``params × bytes``;
+for Llama-3-8B the difference is the 1.05 GB input table (of 16.06 GB). Prefill multiplies every weight with every
 prompt token (2 FLOPs per parameter per token) plus causal attention
 (``2 × layers × heads × head_dim × n²`` per sequence of *n* tokens), so it is
 priced in FLOPs over peak. ``context_tokens`` is always the *sum* of the
@@ -71,20 +74,24 @@ def kv_bytes_per_token(model: ModelSpec) -> float:
     return model.kv_bytes_per_token
 
 
-def decode_step_bytes(model: ModelSpec, context_tokens: int = 0) -> float:
-    """Bytes one decode step must read: all weights once, plus the KV cache of every context token."""
+def decode_step_bytes(model: ModelSpec, context_tokens: int = 0, batch: int = 1) -> float:
+    """Bytes one decode step of *batch* sequences must read: every weight once (an untied input embedding:
+    one row per sequence), plus the KV cache of every context token."""
     _nonneg("context_tokens", context_tokens)
+    _nonneg("batch", batch)
     kv = model.kv_bytes_per_token * context_tokens if context_tokens else 0.0
-    return model.weight_bytes + kv
+    return model.step_weight_bytes + model.embedding_row_bytes * batch + kv
 
 
 def prefill_step_bytes(model: ModelSpec, seq_lens: int | Iterable[int], cached_tokens: int = 0) -> float:
-    """Bytes a prefill step must move: weights once, KV written for new tokens and read for cached ones."""
+    """Bytes a prefill step must move: weights once (an untied input embedding: one row per new token), KV
+    written for new tokens and read for cached ones."""
     new = sum(_seq_lens(seq_lens))
     _nonneg("cached_tokens", cached_tokens)
+    weights = model.step_weight_bytes + model.embedding_row_bytes * new
     if not model.has_attention_shape:
-        return model.weight_bytes
-    return model.weight_bytes + model.kv_bytes_per_token * (new + cached_tokens)
+        return weights
+    return weights + model.kv_bytes_per_token * (new + cached_tokens)
 
 
 def attention_flops(model: ModelSpec, seq_lens: int | Iterable[int], cached_tokens: int = 0) -> float:
@@ -124,10 +131,17 @@ def decode_flops(model: ModelSpec, batch: int, context_tokens: int = 0) -> float
     return 2.0 * model.params * batch + attn
 
 
-def mixed_step_bytes(model: ModelSpec, prefill_seq_lens: Sequence[int], decode_context_tokens: int) -> float:
-    """Bytes of a chunked-prefill + decode step: weights once, decode KV reads, prefill KV writes."""
-    extra = prefill_step_bytes(model, prefill_seq_lens) - model.weight_bytes
-    return decode_step_bytes(model, decode_context_tokens) + extra
+def mixed_step_bytes(model: ModelSpec, prefill_seq_lens: Sequence[int], decode_context_tokens: int,
+                     decode_batch: int = 0) -> float:
+    """Bytes of a chunked-prefill + decode step: weights once (an untied input embedding: one row per new
+    token and per decoding sequence), decode KV reads, prefill KV writes."""
+    new = sum(_seq_lens(prefill_seq_lens))
+    _nonneg("decode_context_tokens", decode_context_tokens)
+    _nonneg("decode_batch", decode_batch)
+    weights = model.step_weight_bytes + model.embedding_row_bytes * (new + decode_batch)
+    if not model.has_attention_shape:
+        return weights
+    return weights + model.kv_bytes_per_token * (decode_context_tokens + new)
 
 
 def mixed_step_flops(
@@ -140,9 +154,9 @@ def mixed_step_flops(
     )
 
 
-def decode_floor_s(model: ModelSpec, bandwidth: float, context_tokens: int = 0) -> float:
+def decode_floor_s(model: ModelSpec, bandwidth: float, context_tokens: int = 0, batch: int = 1) -> float:
     """The fastest a decode step can be: :func:`decode_step_bytes` over peak bandwidth (bytes/s)."""
-    return decode_step_bytes(model, context_tokens) / _positive("bandwidth", bandwidth)
+    return decode_step_bytes(model, context_tokens, batch) / _positive("bandwidth", bandwidth)
 
 
 def prefill_floor_s(

@@ -16,9 +16,15 @@ the attention shape that sizes the KV cache — and nothing else::
 
 Conventions (they are what the seeds and the MBU literature use):
 
-* ``weight_bytes`` counts *every* stored weight, embedding table included:
-  "every token must read all the weights once". For Llama-3-8B the input
-  embedding is 6.5 % of it; decode actually reads only the rows it looks up.
+* ``weight_bytes`` counts *every* stored weight, embedding table included (the
+  model's size). What a step *reads* is every weight once **except an untied
+  input embedding**, of which it reads one row per token it looks up (one per
+  sequence in a decode step): ``embedding_bytes`` is that table (0 when tied —
+  the LM head then reads the table whole, and it counts once), and
+  ``embedding_row_bytes`` one row. :attr:`step_weight_bytes` is the rest. For
+  Llama-3-8B the input table is 1.05 GB of 16.06 GB: counting it whole would
+  overstate a decode step's bytes, and MBU, by 7 %. The seeds round a step to
+  ``params × bytes``; :mod:`perfsdk.budget` says which convention it uses.
 * ``params`` (for FLOPs, 2 per parameter per token) leaves out an *untied*
   input embedding, because a lookup does no arithmetic; a tied embedding is
   also the LM head and counts once.
@@ -29,7 +35,9 @@ Conventions (they are what the seeds and the MBU literature use):
   keeps the full count).
 * Tensor parallelism: :meth:`with_tp` gives per-GPU figures — weights and
   FLOPs divide by the TP size, KV heads divide too (replicated when there are
-  fewer KV heads than GPUs).
+  fewer KV heads than GPUs); an untied input embedding is split by vocabulary
+  (vLLM's ``VocabParallelEmbedding``), so its table and, on average, its rows
+  divide too.
 """
 
 from __future__ import annotations
@@ -122,10 +130,25 @@ class ModelSpec:
     dtype: str = "bfloat16"
     total_params: float | None = None
     """All parameters (differs from ``params`` for MoE and untied embeddings)."""
+    embedding_bytes: float = 0.0
+    """Bytes of the untied input-embedding tables within ``weight_bytes`` (0: tied, or not known). A step reads
+    one row per token it looks up, not the table."""
+    embedding_row_bytes: float = 0.0
+    """Bytes one looked-up token reads from those tables."""
 
     def __post_init__(self) -> None:
         _positive("params", self.params)
         _positive("weight_bytes", self.weight_bytes)
+        for f in ("embedding_bytes", "embedding_row_bytes"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{f}: must be a non-negative number, got {v!r}")
+        if self.embedding_bytes >= self.weight_bytes:
+            raise ConfigError(f"embedding_bytes: {self.embedding_bytes!r} must be less than weight_bytes "
+                              f"{self.weight_bytes!r} (the table is part of the weights)")
+        if self.embedding_row_bytes > self.embedding_bytes:
+            raise ConfigError(f"embedding_row_bytes: a row ({self.embedding_row_bytes!r} B) cannot exceed its "
+                              f"table ({self.embedding_bytes!r} B)")
         for f in ("layers", "heads", "kv_heads", "head_dim", "tp"):
             _positive(f, getattr(self, f), integer=True)
         _positive("kv_bytes", self.kv_bytes)
@@ -279,6 +302,9 @@ class ModelSpec:
             name=str(cfg.get("_name_or_path") or cfg.get("name") or model_type),
             dtype=dt,
             total_params=float(total),
+            # untied: a step reads one row of the input table per token; tied: the LM head reads it whole
+            embedding_bytes=0.0 if tied else float(embed) * wbytes,
+            embedding_row_bytes=0.0 if tied else float(hidden) * wbytes,
         )
 
     @classmethod
@@ -317,11 +343,16 @@ class ModelSpec:
         if total == 0:
             raise ConfigError("module: it has no parameters to count")
         lookup = 0
-        if exclude_embedding:
-            shared_ids = _shared_weight_ids(module)
-            for m in module.modules():
-                if type(m).__name__ == "Embedding" and id(m.weight) not in shared_ids:
-                    lookup += int(m.weight.numel())
+        table_bytes = row_bytes = 0
+        shared_ids = _shared_weight_ids(module)
+        for m in module.modules():
+            if type(m).__name__ == "Embedding" and id(m.weight) not in shared_ids:
+                w = m.weight
+                if exclude_embedding:
+                    lookup += int(w.numel())
+                # a lookup reads one row per token (an untied table; a tied one is the LM head, read whole)
+                table_bytes += int(w.numel()) * int(w.element_size())
+                row_bytes += int(w.shape[-1]) * int(w.element_size())
         cfg = getattr(module, "config", None)
         if cfg is not None and layers is None:
             from_cfg = cls.from_hf_config(cfg)
@@ -339,6 +370,8 @@ class ModelSpec:
             name=name or type(module).__name__,
             dtype=main_dtype,
             total_params=float(total),
+            embedding_bytes=float(table_bytes) if table_bytes < nbytes else 0.0,
+            embedding_row_bytes=float(row_bytes) if table_bytes < nbytes else 0.0,
         )
 
     # ---- derived ------------------------------------------------------
@@ -353,6 +386,12 @@ class ModelSpec:
         return 2.0 * self.layers * kv_heads_here * self.head_dim * self.kv_bytes
 
     @property
+    def step_weight_bytes(self) -> float:
+        """Weight bytes every step reads whole: :attr:`weight_bytes` less an untied input embedding's table
+        (a step reads :attr:`embedding_row_bytes` per token of that instead)."""
+        return self.weight_bytes - self.embedding_bytes
+
+    @property
     def has_attention_shape(self) -> bool:
         return None not in (self.layers, self.heads, self.kv_heads, self.head_dim)
 
@@ -363,7 +402,9 @@ class ModelSpec:
             raise ConfigError(f"tp: this spec is already per GPU of tp={self.tp}")
         if self.heads is not None and self.heads % tp:
             raise ConfigError(f"tp: {tp} GPUs do not divide {self.heads} attention heads")
-        return dataclasses.replace(self, params=self.params / tp, weight_bytes=self.weight_bytes / tp, tp=tp)
+        return dataclasses.replace(self, params=self.params / tp, weight_bytes=self.weight_bytes / tp, tp=tp,
+                                   embedding_bytes=self.embedding_bytes / tp,
+                                   embedding_row_bytes=self.embedding_row_bytes / tp)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

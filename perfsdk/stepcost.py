@@ -31,7 +31,8 @@ class StepCosts:
 
     known: bool                  # a model is set: bytes and FLOPs can be priced
     kv: bool                     # the model's attention shape is known
-    weight_bytes: float
+    weight_bytes: float          # read whole by every step (ModelSpec.step_weight_bytes)
+    row_bytes: float             # per looked-up token of an untied input embedding (ModelSpec.embedding_row_bytes)
     kv_bytes_per_token: float
     two_params: float            # 2 x params: FLOPs per token through the weights
     attn_decode: float           # 4 x layers x heads x head_dim: decode attention FLOPs per context token
@@ -44,7 +45,7 @@ class StepCosts:
     def of(cls, model: ModelSpec | None, bandwidth: float | None, peak_flops: float | None) -> StepCosts:
         bw, peak = float(bandwidth or 0.0), float(peak_flops or 0.0)
         if model is None:
-            return cls(False, False, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, bw, peak)
+            return cls(False, False, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, bw, peak)
         kv = model.has_attention_shape
         per_token = 0
         attn_decode = 0.0
@@ -55,7 +56,8 @@ class StepCosts:
             per_token = model.layers * (model.heads // model.tp) * model.head_dim
             attn_decode = 4.0 * model.layers * (model.heads // model.tp) * model.head_dim
         return cls(
-            known=True, kv=kv, weight_bytes=float(model.weight_bytes),
+            known=True, kv=kv, weight_bytes=float(model.step_weight_bytes),
+            row_bytes=float(model.embedding_row_bytes),
             kv_bytes_per_token=float(model.kv_bytes_per_token) if kv else 0.0,
             two_params=2.0 * model.params, attn_decode=attn_decode,
             attn_causal=2.0 * per_token, attn_prefix=4.0 * per_token, bandwidth=bw, peak_flops=peak,
@@ -73,26 +75,27 @@ class StepCosts:
         if phase == DECODE:
             if not self.known:
                 return None, None, batch
-            return (self.weight_bytes + self.kv_bytes_per_token * context_tokens,
+            return (self.weight_bytes + self.row_bytes * batch + self.kv_bytes_per_token * context_tokens,
                     self.two_params * batch + self.attn_decode * context_tokens, batch)
         if phase == PREFILL:
             if not self.known:
                 return None, None, lens_sum
             linear = self.two_params * lens_sum
+            weights = self.weight_bytes + self.row_bytes * lens_sum
             if not self.kv:
-                return self.weight_bytes, linear, lens_sum
+                return weights, linear, lens_sum
             prefix = (self.attn_prefix * context_tokens * lens_sum / lens_count
                       if context_tokens and lens_count else 0.0)
-            return (self.weight_bytes + self.kv_bytes_per_token * (lens_sum + context_tokens),
+            return (weights + self.kv_bytes_per_token * (lens_sum + context_tokens),
                     linear + (self.attn_causal * lens_sq + prefix), lens_sum)
         # mixed: lens are the prefill chunks, batch the decoding sequences, context_tokens their context
         n = lens_sum + batch
         if not self.known:
             return None, None, n
         decode_flops = self.two_params * batch + self.attn_decode * context_tokens
+        weights = self.weight_bytes + self.row_bytes * n
         if not self.kv:
-            return self.weight_bytes, self.two_params * lens_sum + decode_flops, n
-        nbytes = ((self.weight_bytes + self.kv_bytes_per_token * context_tokens)
-                  + ((self.weight_bytes + self.kv_bytes_per_token * lens_sum) - self.weight_bytes))
+            return weights, self.two_params * lens_sum + decode_flops, n
+        nbytes = weights + self.kv_bytes_per_token * (context_tokens + lens_sum)
         prefill_flops = self.two_params * lens_sum + (self.attn_causal * lens_sq + 0.0)
         return nbytes, prefill_flops + decode_flops, n

@@ -36,19 +36,47 @@ def test_prefill_floor_8b_2048_tokens() -> None:
     assert with_attn == pytest.approx(34.24, abs=0.01)
 
 
+# The seeds round a decode step to params x bytes: every weight, the whole input-embedding table included
+SEED_7B = ModelSpec.from_params(ModelSpec.named("llama-2-7b").total_params or 0, 2)
+
+
 def test_llama2_7b_floor_on_2tb_s() -> None:
     m = ModelSpec.named("llama-2-7b")
     assert m.total_params == pytest.approx(6.74e9, rel=1e-3)
     assert m.weight_bytes / 1e9 == pytest.approx(13.5, abs=0.05)  # seed: "13.5 GB"
-    floor = budget.decode_floor_s(m, 2e12)
+    floor = budget.decode_floor_s(SEED_7B, 2e12)  # the seed's convention
     assert floor * 1e3 == pytest.approx(6.7, abs=0.05)
     assert budget.tokens_per_s(floor) == pytest.approx(148, abs=1)
+    # what a step really reads: the untied 32,000 x 4,096 input table only one row per sequence
+    assert m.embedding_bytes == 32_000 * 4096 * 2
+    assert budget.decode_floor_s(m, 2e12) == pytest.approx((m.weight_bytes - m.embedding_bytes + 4096 * 2) / 2e12)
 
 
 @pytest.mark.parametrize(("tokens_per_s", "expected_mbu"), [(25.5, 0.17), (107, 0.72)])
 def test_seed_loop_mbu(tokens_per_s: float, expected_mbu: float) -> None:
-    m = ModelSpec.named("llama-2-7b")
-    assert budget.mbu(budget.decode_step_bytes(m), 1 / tokens_per_s, 2e12) == pytest.approx(expected_mbu, abs=0.005)
+    assert budget.mbu(budget.decode_step_bytes(SEED_7B), 1 / tokens_per_s, 2e12) == pytest.approx(expected_mbu,
+                                                                                                   abs=0.005)
+
+
+def test_untied_input_embedding_is_read_one_row_per_sequence() -> None:
+    m = ModelSpec.named("llama-3-8b")  # untied: a 128,256 x 4,096 input table and a separate LM head
+    table, row = 128_256 * 4096 * 2, 4096 * 2
+    assert (m.embedding_bytes, m.embedding_row_bytes) == (table, row)
+    assert m.embedding_bytes / m.weight_bytes == pytest.approx(1.05e9 / 16.06e9, rel=0.01)  # the issue's +7 %
+    for batch in (1, 8, 64):
+        assert budget.decode_step_bytes(m, 4096, batch) == pytest.approx(
+            m.weight_bytes - table + batch * row + 131_072 * 4096)
+    # prefill reads one row per new token; a mixed step one per new token and per decoding sequence
+    assert budget.prefill_step_bytes(m, [100, 28]) == pytest.approx(m.weight_bytes - table + 128 * row
+                                                                    + 131_072 * 128)
+    assert budget.mixed_step_bytes(m, [100], 5000, decode_batch=4) == pytest.approx(
+        m.weight_bytes - table + 104 * row + 131_072 * 5100)
+    tied = ModelSpec.named("llama-3.2-1b")  # tied: the LM head reads the table whole, and it counts once
+    assert tied.embedding_bytes == 0
+    assert budget.decode_step_bytes(tied, 0, 8) == tied.weight_bytes
+    per_gpu = m.with_tp(4)  # a vocabulary-parallel table: a quarter of it, and of a row on average, per GPU
+    assert per_gpu.embedding_bytes == pytest.approx(table / 4)
+    assert budget.decode_step_bytes(per_gpu, 0) == pytest.approx((m.weight_bytes - table + row) / 4)
 
 
 def test_int8_floor_and_mbu() -> None:

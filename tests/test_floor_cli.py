@@ -30,8 +30,27 @@ def test_seed_8b_example(capsys: pytest.CaptureFixture[str]) -> None:
 def test_named_model_and_suffix_counts(capsys: pytest.CaptureFixture[str]) -> None:
     r = run_json(capsys, "--params", "7B", "--bandwidth-tb-s", "2", "--measured-ms", str(1000 / 25.5))
     assert r["decode_tokens_per_s"] == pytest.approx(1e12 * 2 / 14e9, rel=1e-6)
-    r = run_json(capsys, "--model", "llama-2-7b", "--bytes-per-param", "1", "--bandwidth-tb-s", "2")
+    # the seed's int8 figure counts every weight (--params): ~296 tokens/s
+    r = run_json(capsys, "--params", "6.74B", "--bytes-per-param", "1", "--bandwidth-tb-s", "2")
     assert r["decode_tokens_per_s"] == pytest.approx(296, abs=1.5)
+    assert "params x bytes" in r["bytes_convention"]
+    # the named model knows its untied input table: a step reads one row of it, so a little more is possible
+    r = run_json(capsys, "--model", "llama-2-7b", "--bytes-per-param", "1", "--bandwidth-tb-s", "2")
+    assert r["embedding_bytes"] == 32_000 * 4096
+    assert r["decode_step_bytes"] == pytest.approx(r["weight_bytes"] - 32_000 * 4096 + 4096)
+    assert r["decode_tokens_per_s"] == pytest.approx(2e12 / r["decode_step_bytes"])
+    assert "one row per sequence" in r["bytes_convention"]
+
+
+def test_a_step_faster_than_its_floor_says_the_measurement_or_peak_is_wrong(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["floor", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--measured-ms", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "MBU" in out and "suspect" in out
+    assert "224" not in out.split("MBU", 1)[1].split("\n", 1)[0]  # not shown as a result, only in the warning
+    assert "measurement or the peak (3.35 TB/s, h100-sxm datasheet) is wrong" in out
+    r = run_json(capsys, "--model", "llama-3-8b", "--gpu", "h100-sxm", "--measured-ms", "2")
+    assert r["mbu"] > 1 and len(r["warnings"]) == 1
 
 
 def test_human_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -121,13 +121,13 @@ def test_mbu_and_mfu_are_the_budget_formulas_on_the_step_time() -> None:
             clock.advance(0.050)
         with mon.mixed(prefill_seq_lens=[256], decode_batch=3, context_tokens=3000):
             clock.advance(0.020)
-        decode_bytes = budget.decode_step_bytes(MODEL, 4000)
+        decode_bytes = budget.decode_step_bytes(MODEL, 4000, 4)
         assert h.sum(MBU, phase="decode") == pytest.approx(decode_bytes / (0.010 * 2e12))
         prefill_flops = budget.prefill_flops(MODEL, [600, 400])
         assert h.sum(MFU, phase="prefill") == pytest.approx(prefill_flops / (0.050 * 500e12))
         # a mixed step reports both
         assert h.sum(MBU, phase="mixed") == pytest.approx(
-            budget.mixed_step_bytes(MODEL, [256], 3000) / (0.020 * 2e12))
+            budget.mixed_step_bytes(MODEL, [256], 3000, 3) / (0.020 * 2e12))
         assert h.sum(MFU, phase="mixed") == pytest.approx(
             budget.mixed_step_flops(MODEL, [256], 3, 3000) / (0.020 * 500e12))
         assert h.value("perfsdk_step_bytes_total", phase="decode") == pytest.approx(decode_bytes)
@@ -305,7 +305,7 @@ def test_decorator_reads_the_call_arguments() -> None:
         assert asyncio.run(prefill("hello world", temperature=0.0)) == 11
         assert h.value("perfsdk_step_tokens_total", phase="decode") == 3
         assert h.value("perfsdk_step_bytes_total", phase="decode") == pytest.approx(
-            budget.decode_step_bytes(MODEL, 600))
+            budget.decode_step_bytes(MODEL, 600, 3))
         assert h.value("perfsdk_step_tokens_total", phase="prefill") == 11
         assert h.sum(STEP, phase="prefill") == pytest.approx(0.02)
 
@@ -670,7 +670,7 @@ def test_untimed_steps_are_counted_but_not_timed() -> None:
         assert h.value("perfsdk_step_tokens_total", phase="decode") == 4
         # bytes only for the timed step, so bytes / step seconds (the PromQL MBU) stays exact
         assert h.value("perfsdk_step_bytes_total", phase="decode") == pytest.approx(
-            budget.decode_step_bytes(MODEL, 100))
+            budget.decode_step_bytes(MODEL, 100, 2))
         assert mon.stats()["decode"]["steps"] == 2
 
 
@@ -762,7 +762,7 @@ def test_values_measured_elsewhere_go_through_the_same_metrics_and_spans() -> No
         assert mon.flush(5)
         assert h.count(STEP, phase="decode") == 1 and h.sum(STEP, phase="decode") == pytest.approx(0.02)
         assert h.count(STEP, phase="prefill") == 1 and h.count(STEP, phase="mixed") == 1
-        assert h.sum(MBU, phase="decode") == pytest.approx(budget.decode_step_bytes(MODEL, 8000) / (0.02 * 2e12))
+        assert h.sum(MBU, phase="decode") == pytest.approx(budget.decode_step_bytes(MODEL, 8000, 8) / (0.02 * 2e12))
         assert h.sum(MFU, phase="prefill") == pytest.approx(budget.prefill_flops(MODEL, [600, 400]) / (0.05 * 500e12))
         assert h.count(TTFT) == 2 and h.sum(TTFT) == pytest.approx(0.3)
         assert h.count(ITL) == 3 and h.sum(ITL) == pytest.approx(0.06)

@@ -82,7 +82,7 @@ def test_the_subscriber_records_what_a_publisher_sends(tmp_path: Any) -> None:
         assert sub.steps == 2 and sub.lost == 3 and sub.skipped == 1
         assert h.count(STEP, phase="decode") == 1 and h.count(STEP, phase="prefill") == 1
         assert h.sum("perfsdk_step_bandwidth_utilization", phase="decode") == pytest.approx(
-            budget.decode_step_bytes(MODEL, 8000) / (0.02 * 4.8e12))
+            budget.decode_step_bytes(MODEL, 8000, 8) / (0.02 * 4.8e12))
         assert h.sum("perfsdk_step_flops_utilization", phase="prefill") == pytest.approx(
             budget.prefill_flops(MODEL, [500, 500]) / (0.05 * 1e15))
         assert h.monitor.stats()["internal_errors"] == 0

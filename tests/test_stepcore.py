@@ -103,7 +103,7 @@ def test_costs_are_the_budget_formulas() -> None:
         batch = rng.randrange(1, 256)
         s, sq, n = lens_summary(PREFILL, len(lens), -1, lens)
         nbytes, flops, tokens = c.cost(DECODE, batch, ctx, 0, 0, 0)
-        assert nbytes == budget.decode_step_bytes(MODEL, ctx)
+        assert nbytes == budget.decode_step_bytes(MODEL, ctx, batch)
         assert flops == budget.decode_flops(MODEL, batch, ctx)
         assert tokens == batch
         nbytes, flops, tokens = c.cost(PREFILL, len(lens), ctx, s, sq, n)
@@ -111,7 +111,7 @@ def test_costs_are_the_budget_formulas() -> None:
         assert flops == budget.prefill_flops(MODEL, lens, cached_tokens=ctx)
         assert tokens == sum(lens)
         nbytes, flops, tokens = c.cost(MIXED, batch, ctx, s, sq, n)
-        assert nbytes == budget.mixed_step_bytes(MODEL, lens, ctx)
+        assert nbytes == budget.mixed_step_bytes(MODEL, lens, ctx, batch)
         assert flops == budget.mixed_step_flops(MODEL, lens, batch, ctx)
         assert tokens == sum(lens) + batch
 

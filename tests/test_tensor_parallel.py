@@ -172,7 +172,7 @@ def test_each_rank_is_labelled_and_counted_exactly_from_a_real_scrape(run: Run) 
     from perfsdk.budget import decode_step_bytes
     from perfsdk.model import ModelSpec
 
-    per_step = decode_step_bytes(ModelSpec.from_hf_config(CONFIG).with_tp(2), CONTEXT)
+    per_step = decode_step_bytes(ModelSpec.from_hf_config(CONFIG).with_tp(2), CONTEXT, BATCH)
     assert _by_rank(run.prom, 'perfsdk_step_tokens_total{job="tp", phase="decode"}') == {
         "0": STEPS * BATCH, "1": STEPS * BATCH}
     assert _by_rank(run.prom, 'perfsdk_step_bytes_total{job="tp", phase="decode"}') == {

@@ -9,7 +9,13 @@
 
 A named model supplies every size; explicit flags override it. A named GPU
 supplies the peaks; ``--bandwidth-tb-s`` and ``--tflops`` override them. With
-``--measured-ms`` (a measured decode step) it also prints the MBU.
+``--measured-ms`` (a measured decode step) it also prints the MBU — or, for a
+step faster than its floor, says that the measurement or the peak is wrong.
+
+Bytes a decode step reads: every weight once, except an *untied* input
+embedding, of which it reads one row per sequence (a tied one is the LM head,
+read whole). The seeds round this to ``params × bytes``; ``--params`` gives
+that convention (no table is known then). The output says which was used.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import dataclasses
 import json
 import math
 import re
+import sys
 from typing import Any
 
 from perfsdk import budget
@@ -51,6 +58,12 @@ def _model_from_args(a: argparse.Namespace) -> ModelSpec:
         changes: dict[str, Any] = {}
         if a.params is not None:
             changes["params"] = params
+            # a parameter count replaces the model's composition: which part is a lookup table is unknown
+            changes["embedding_bytes"] = changes["embedding_row_bytes"] = 0.0
+        elif a.bytes_per_param is not None:
+            scale = bpp / dtype_bytes(spec.dtype)
+            changes["embedding_bytes"] = spec.embedding_bytes * scale
+            changes["embedding_row_bytes"] = spec.embedding_row_bytes * scale
         if a.params is not None or a.bytes_per_param is not None:
             changes["weight_bytes"] = params * bpp
         for field in ("layers", "heads", "kv_heads", "head_dim", "kv_bytes"):
@@ -80,9 +93,11 @@ def _peak(flag: str, value: float) -> float:
     return value
 
 
-def _peaks(a: argparse.Namespace) -> tuple[float, float | None, str]:
+def _peaks(a: argparse.Namespace) -> tuple[float, float | None, str, str]:
+    """``(bandwidth, dense bf16 FLOP/s, GPU name, where the bandwidth comes from)``."""
     bandwidth = flops = None
     name = "custom"
+    source = ""
     if a.gpu:
         from perfsdk import hardware
 
@@ -90,13 +105,15 @@ def _peaks(a: argparse.Namespace) -> tuple[float, float | None, str]:
         name = hw.name
         bandwidth = hw.memory_bandwidth
         flops = hw.peak_flops("bf16")
+        source = f"{hw.name} datasheet"
     if a.bandwidth_tb_s is not None:
         bandwidth = _peak("bandwidth-tb-s", a.bandwidth_tb_s) * 1e12
+        source = "--bandwidth-tb-s"
     if a.tflops is not None:
         flops = _peak("tflops", a.tflops) * 1e12
     if bandwidth is None:
         raise ConfigError("gpu: give --gpu NAME (e.g. --gpu h100-sxm) or --bandwidth-tb-s")
-    return bandwidth, flops, name
+    return bandwidth, flops, name, source
 
 
 def compute(a: argparse.Namespace) -> dict[str, Any]:
@@ -109,9 +126,9 @@ def compute(a: argparse.Namespace) -> dict[str, Any]:
     if a.measured_ms is not None and not (math.isfinite(a.measured_ms) and a.measured_ms > 0):
         raise ConfigError(f"measured-ms: must be a positive, finite number of milliseconds, got {a.measured_ms!r}")
     model = _model_from_args(a)
-    bandwidth, flops, gpu = _peaks(a)
+    bandwidth, flops, gpu, source = _peaks(a)
     try:
-        out = _figures(a, model, bandwidth, flops, gpu)
+        out = _figures(a, model, bandwidth, flops, gpu, source)
     except OverflowError:  # int x float beyond 1e308: --ctx, --batch or --prompt-tokens absurdly large
         out = None
     bad = [k for k, v in (out or {}).items() if isinstance(v, float) and not math.isfinite(v)]
@@ -124,12 +141,12 @@ def compute(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _figures(
-    a: argparse.Namespace, model: ModelSpec, bandwidth: float, flops: float | None, gpu: str
+    a: argparse.Namespace, model: ModelSpec, bandwidth: float, flops: float | None, gpu: str, source: str
 ) -> dict[str, Any]:
     context_tokens = a.ctx * a.batch
     if context_tokens and not model.has_attention_shape:
         raise ConfigError("ctx: the KV-cache term needs --layers, --kv-heads and --head-dim (or --model)")
-    step_bytes = budget.decode_step_bytes(model, context_tokens)
+    step_bytes = budget.decode_step_bytes(model, context_tokens, a.batch)
     floor_s = step_bytes / bandwidth
     out: dict[str, Any] = {
         "model": model.name,
@@ -139,8 +156,15 @@ def _figures(
         "ctx": a.ctx,
         "prompt_tokens": a.prompt_tokens,
         "peak_bandwidth_bytes_per_s": bandwidth,
+        "peak_bandwidth_source": source,
         "peak_flops": flops,
         "weight_bytes": model.weight_bytes,
+        "step_weight_bytes": model.step_weight_bytes,
+        "embedding_bytes": model.embedding_bytes,
+        "bytes_convention": (
+            f"every weight once, except the untied input embedding ({model.embedding_bytes:.4g} B): one row "
+            "per sequence" if model.embedding_bytes else
+            "every weight once (params x bytes; no untied input-embedding table is known)"),
         "kv_bytes_per_token": model.kv_bytes_per_token if model.has_attention_shape else None,
         "decode_step_bytes": step_bytes,
         "decode_floor_ms": floor_s * 1e3,
@@ -156,10 +180,18 @@ def _figures(
         prefill_floor_ms=total / flops * 1e3 if flops else None,
         prefill_floor_no_attention_ms=linear / flops * 1e3 if flops else None,
     )
+    out["warnings"] = []
     if a.measured_ms is not None:
         out["measured_ms"] = a.measured_ms
         out["measured_tokens_per_s"] = a.batch / (a.measured_ms / 1e3)
         out["mbu"] = budget.mbu(step_bytes, a.measured_ms / 1e3, bandwidth)
+        if out["mbu"] > 1:
+            # faster than the floor is impossible: one of the two numbers is wrong, and we cannot tell which
+            out["warnings"].append(
+                f"MBU {out['mbu']:.1%} is impossible: the measured {a.measured_ms:g} ms step is faster than its "
+                f"{floor_s * 1e3:.3g} ms floor. The measurement or the peak ({bandwidth / 1e12:.3g} TB/s, "
+                f"{source}) is wrong: check that the step was timed on the device (CUDA events or a synchronize) "
+                "and that the GPU and model sizes are the ones that ran.")
     return out
 
 
@@ -175,7 +207,9 @@ def format_table(r: dict[str, Any]) -> str:
         ("model", f"{r['model']} (tp={r['tp']})" if r["tp"] > 1 else r["model"]),
         ("gpu", f"{r['gpu']}: {r['peak_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s"
          + (f", {r['peak_flops'] / 1e12:,.0f} TFLOP/s dense" if r["peak_flops"] else "")),
-        ("weights read per step", _fmt_bytes(r["weight_bytes"])),
+        ("weights read per step", _fmt_bytes(r["step_weight_bytes"])
+         + (f" + one embedding row per sequence (the untied input table, {_fmt_bytes(r['embedding_bytes'])}, "
+            "is not read whole)" if r["embedding_bytes"] else " (every weight once)")),
     ]
     if r["kv_bytes_per_token"] is not None:
         rows.append(("KV cache per token", f"{r['kv_bytes_per_token']:,.0f} B"))
@@ -191,14 +225,19 @@ def format_table(r: dict[str, Any]) -> str:
         rows.append((label, value))
     if "mbu" in r:
         rows.append(("measured decode step", f"{r['measured_ms']:.2f} ms = {r['measured_tokens_per_s']:,.1f} tokens/s"))
-        rows.append(("MBU", f"{r['mbu']:.1%}"))
+        rows.append(("MBU", f"{r['mbu']:.1%}" if r["mbu"] <= 1 else "suspect (above 100%: see the warning below)"))
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    lines += [f"warning: {w}" for w in r.get("warnings", ())]
+    return "\n".join(lines)
 
 
 def _run(a: argparse.Namespace) -> int:
     result = compute(a)
     print(json.dumps(result, indent=2) if a.json else format_table(result))
+    for w in result["warnings"]:
+        if a.json:  # the table prints them; JSON readers get them on stderr too
+            print(f"perfsdk floor: warning: {w}", file=sys.stderr)
     return 0
 
 

@@ -68,7 +68,7 @@ struct StepCore {
     PyObject_HEAD
     /* costs (perfsdk.stepcost.StepCosts) */
     int known, kv;
-    double weight_bytes, kv_bytes_per_token, two_params, attn_decode, attn_causal, attn_prefix;
+    double weight_bytes, row_bytes, kv_bytes_per_token, two_params, attn_decode, attn_causal, attn_prefix;
     double bandwidth, peak_flops;
     double step_bounds[NSTEP_MAX], util_bounds[NUTIL_MAX];
     int nstep, nutil;
@@ -261,7 +261,7 @@ static void cost(const StepCore *c, const StepRecord *r, double *nbytes, double 
     if (r->phase == PHASE_DECODE) {
         *ntokens = r->batch;
         if (!c->known) return;
-        *nbytes = c->weight_bytes + c->kv_bytes_per_token * (double)r->context_tokens;
+        *nbytes = c->weight_bytes + c->row_bytes * (double)r->batch + c->kv_bytes_per_token * (double)r->context_tokens;
         *flops = c->two_params * (double)r->batch + c->attn_decode * (double)r->context_tokens;
         return;
     }
@@ -269,28 +269,30 @@ static void cost(const StepCore *c, const StepRecord *r, double *nbytes, double 
         *ntokens = r->lens_sum;
         if (!c->known) return;
         double linear = c->two_params * (double)r->lens_sum;
+        double weights = c->weight_bytes + c->row_bytes * (double)r->lens_sum;
         if (!c->kv) {
-            *nbytes = c->weight_bytes;
+            *nbytes = weights;
             *flops = linear;
             return;
         }
         double prefix = (r->context_tokens && r->lens_count)
                             ? c->attn_prefix * (double)r->context_tokens * (double)r->lens_sum / (double)r->lens_count
                             : 0.0;
-        *nbytes = c->weight_bytes + c->kv_bytes_per_token * (double)(r->lens_sum + r->context_tokens);
+        *nbytes = weights + c->kv_bytes_per_token * (double)(r->lens_sum + r->context_tokens);
         *flops = linear + (c->attn_causal * (double)r->lens_sq + prefix);
         return;
     }
-    *ntokens = r->lens_sum + r->batch;
+    int64_t n = r->lens_sum + r->batch;
+    *ntokens = n;
     if (!c->known) return;
     double decode_flops = c->two_params * (double)r->batch + c->attn_decode * (double)r->context_tokens;
+    double weights = c->weight_bytes + c->row_bytes * (double)n;
     if (!c->kv) {
-        *nbytes = c->weight_bytes;
+        *nbytes = weights;
         *flops = c->two_params * (double)r->lens_sum + decode_flops;
         return;
     }
-    *nbytes = (c->weight_bytes + c->kv_bytes_per_token * (double)r->context_tokens) +
-              ((c->weight_bytes + c->kv_bytes_per_token * (double)r->lens_sum) - c->weight_bytes);
+    *nbytes = weights + c->kv_bytes_per_token * (double)(r->context_tokens + r->lens_sum);
     double prefill_flops = c->two_params * (double)r->lens_sum + (c->attn_causal * (double)r->lens_sq + 0.0);
     *flops = prefill_flops + decode_flops;
 }
@@ -560,6 +562,7 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Py_XDECREF(flag);
     if (c->known < 0 || c->kv < 0) goto fail;
     c->weight_bytes = attr_double(costs, "weight_bytes", &ok);
+    c->row_bytes = attr_double(costs, "row_bytes", &ok);
     c->kv_bytes_per_token = attr_double(costs, "kv_bytes_per_token", &ok);
     c->two_params = attr_double(costs, "two_params", &ok);
     c->attn_decode = attr_double(costs, "attn_decode", &ok);
