@@ -120,6 +120,20 @@ def test_from_module_counts_torch_parameters() -> None:
     tied = torch.nn.ModuleDict({"emb": emb, "head": head})
     spec2 = ModelSpec.from_module(tied)
     assert spec2.total_params == 1600 and spec2.params == 1600
+    # what a step reads: the untied table one row per token, the tied one whole (it is the LM head)
+    assert (spec.embedding_bytes, spec.embedding_row_bytes) == (2 * 1600, 2 * 16)
+    assert spec.step_weight_bytes == 2 * (512 + 3200)
+    assert (spec2.embedding_bytes, spec2.embedding_row_bytes) == (0, 0)
+
+
+@pytest.mark.parametrize(("fields", "problem"), [
+    ({"embedding_bytes": -1.0}, "embedding_bytes"),
+    ({"embedding_bytes": 10.0}, "less than weight_bytes"),
+    ({"embedding_bytes": 4.0, "embedding_row_bytes": 5.0}, "cannot exceed its table"),
+])
+def test_embedding_sizes_are_checked(fields: dict[str, float], problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        ModelSpec(params=1, weight_bytes=10, **fields)
 
 
 
