@@ -164,7 +164,7 @@ def build() -> dm.Dashboard:
                 (quantile(0.5, "gen_ai_server_time_to_first_token_seconds"), "p50"),
                 (quantile(0.9, "gen_ai_server_time_to_first_token_seconds"), "p90"),
                 (quantile(0.99, "gen_ai_server_time_to_first_token_seconds"), "p99")],
-               "s", "Arrival to first token (GenAI semconv buckets).", w=8),
+               "s", "Arrival to first token (buckets: the GenAI semconv bounds and finer ones, up to 120 s).", w=8),
             ts("Time per output token", [
                 (quantile(0.5, "gen_ai_server_time_per_output_token_seconds"), "TPOT p50"),
                 (quantile(0.99, "gen_ai_server_time_per_output_token_seconds"), "TPOT p99"),

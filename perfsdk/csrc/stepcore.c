@@ -27,7 +27,7 @@
 #define SAMPLES 4096
 #define MAX_SITES 64
 #define IDLE_MAX 0.1
-#define NSTEP_MAX 32
+#define NSTEP_MAX 64
 #define NUTIL_MAX 32
 
 typedef struct {
