@@ -320,6 +320,20 @@ def warn_missing(model: ModelSpec | None, hardware: Any) -> None:
                     "left out of MBU/MFU", model.name or "(unnamed)")
 
 
+def peak_notes(hardware: Any, compute_dtype: str) -> dict[str, str]:
+    """The peaks MBU and MFU divide by, each with where it comes from: what a log of an impossible
+    utilisation names (``"mbu"``: bandwidth, ``"mfu"``: the compute dtype's dense FLOP/s)."""
+    if hardware is None:
+        return {}
+    where = f"{hardware.display_name}; {hardware.source or 'no source given'}"
+    out = {"mbu": f"{hardware.memory_bandwidth / 1e12:.4g} TB/s ({where})"}
+    try:
+        out["mfu"] = f"{hardware.peak_flops(compute_dtype) / 1e12:.4g} TFLOP/s {compute_dtype} ({where})"
+    except Exception:  # no published peak for this dtype: MFU is off anyway
+        pass
+    return out
+
+
 def rank_port(port: int) -> int:
     """``PERFSDK_METRICS_PORT`` for this process: the base port plus ``LOCAL_RANK`` (torchrun's local rank).
 

@@ -11,6 +11,10 @@ GIL for every few hundred steps — and:
   duration, and its span); values an engine measured itself go the same way;
 * hands perfsdk's own losses (records dropped, internal errors) to the sinks as deltas, and logs each
   new failure site of the core once;
+* logs, once per phase and quantity, a step whose MBU or MFU exceeded 1 — impossible, so the peak in use
+  (named with its source, ``peaks``) or the step's sizes or time are wrong. The sinks count such steps
+  from the totals (the utilisation histograms' ``+Inf`` bucket: :data:`~perfsdk.buckets.UTIL` ends at 1);
+  :func:`summary` marks the figure suspect (``mbu_suspect``, ``mfu_suspect``);
 * on a flush marker (:meth:`perfsdk.Monitor.flush`), first waits for the core to count every step
   pushed before it (the GPU is read as needed), then exports, then waits for the sinks.
 
@@ -20,6 +24,7 @@ failing sink is counted in ``perfsdk_internal_errors_total`` and the others stil
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import threading
@@ -43,6 +48,8 @@ from perfsdk.stepcore import StepTotals
 
 __all__ = ["Collector", "summary"]
 
+log = logging.getLogger("perfsdk")
+
 IDLE_MAX = 1.0  # longest sleep of an idle collector (s); export_interval is the usual one
 _yield = time.sleep  # time.sleep(0) lets go of the GIL and takes it back: a waiting thread gets a turn
 
@@ -52,7 +59,7 @@ class Collector(threading.Thread):
 
     def __init__(self, core: Any, requests: RequestQueue, sinks: Sequence[Sink], errors: ErrorGuard, *,
                  model: str, operation: str, epoch_offset_ns: int, export_interval: float,
-                 untimed: Callable[[], int]) -> None:
+                 untimed: Callable[[], int], peaks: dict[str, str] | None = None) -> None:
         super().__init__(name="perfsdk-collector", daemon=True)
         self.core = core
         self.requests = requests
@@ -63,6 +70,8 @@ class Collector(threading.Thread):
         self._offset = epoch_offset_ns
         self._interval = export_interval
         self._untimed = untimed
+        self.peaks = peaks or {}  # "mbu"/"mfu" -> the peak in use and its source, for the impossible-value log
+        self._suspect_logged: set[tuple[int, str]] = set()
         self.window: Any = None  # the profiler window, fed every decode step while set
         # a plain lock as the wake-up: acquired by this thread, released by wake(); waiting on it with a
         # timeout is one C call (threading.Event builds a Condition and a lock per wait)
@@ -163,6 +172,10 @@ class Collector(threading.Thread):
             return False
         _yield(0)
         self._each("steps", totals)
+        for code, t in enumerate(totals.phases):
+            for kind, counts in (("mbu", t.mbu_counts), ("mfu", t.mfu_counts)):
+                if counts and counts[-1] and (code, kind) not in self._suspect_logged:
+                    self._log_suspect(code, kind, counts[-1])
         w = self.window
         if w is not None and totals.window:
             try:
@@ -171,6 +184,20 @@ class Collector(threading.Thread):
             except Exception as e:
                 self.errors.record(e, "profiler window feed")
         return True
+
+    def _log_suspect(self, code: int, kind: str, n: int) -> None:
+        """A utilisation above 1 is impossible: say so once per phase and quantity, naming the peak in use."""
+        self._suspect_logged.add((code, kind))
+        recent = self.core.recent(code)
+        values = recent[3] if kind == "mbu" else recent[4]
+        worst = max(values, default=float("nan"))
+        what = "bandwidth" if kind == "mbu" else "dense FLOP/s"
+        log.warning(
+            "perfsdk: %d %s step(s) had %s %s 100%% (up to %.1f%%), which is impossible: the peak %s in use, %s, "
+            "is wrong for this device, or the step's sizes or time are. Counted in "
+            "perfsdk_suspect_utilization_total{reason=\"%s_above_peak\"}; stats() and reports mark it suspect; "
+            "logged once.", n, PHASES[code], kind.upper(), "above", worst * 100, what,
+            self.peaks.get(kind, "(unknown)"), kind)
 
     def _flush(self, marker: Flush) -> None:
         """Everything pushed before the marker: counted by the core, exported, out of the sinks."""
@@ -259,7 +286,11 @@ class Collector(threading.Thread):
 
 
 def summary(steps: int, errors: int, secs: list[float], mbu: list[float], mfu: list[float]) -> dict[str, Any]:
-    """One phase's rolling statistics (the last few thousand steps)."""
+    """One phase's rolling statistics (the last few thousand steps).
+
+    ``mbu_suspect`` / ``mfu_suspect`` (present only then) say why a utilisation figure cannot be trusted: some
+    of these steps had an MBU or MFU above 1, which no step can reach — the peak or the measurement is wrong.
+    """
 
     def pct(xs: list[float], q: float) -> float | None:
         if not xs:
@@ -267,7 +298,7 @@ def summary(steps: int, errors: int, secs: list[float], mbu: list[float], mfu: l
         s = sorted(xs)
         return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
-    return {
+    out: dict[str, Any] = {
         "steps": steps,
         "errors": errors,
         "step_ms_mean": statistics.fmean(secs) * 1e3 if secs else None,
@@ -278,3 +309,9 @@ def summary(steps: int, errors: int, secs: list[float], mbu: list[float], mfu: l
         "mfu_mean": statistics.fmean(mfu) if mfu else None,
         "mfu_p50": pct(mfu, 0.5),
     }
+    for name, xs in (("mbu", mbu), ("mfu", mfu)):
+        if xs and max(xs) > 1:
+            out[f"{name}_suspect"] = (f"{sum(1 for v in xs if v > 1)} of the last {len(xs)} steps had {name.upper()} "
+                                      f"above 100% (up to {max(xs):.1%}), which is impossible: the peak in use or "
+                                      "the steps' sizes or times are wrong")
+    return out

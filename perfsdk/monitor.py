@@ -228,7 +228,8 @@ class Monitor:
             self._collector = Collector(
                 self._core, self._requests, parts.sinks, self._errors, model=self.model_name,
                 operation=self.operation, epoch_offset_ns=self._epoch_offset_ns,
-                export_interval=cfg.export_interval, untimed=lambda: self._steps.untimed)
+                export_interval=cfg.export_interval, untimed=lambda: self._steps.untimed,
+                peaks=assembly.peak_notes(self.hardware, self.compute_dtype))
             self._collector.start()
             if cfg.metrics_port is not None:  # PERFSDK_METRICS_PORT, validated with the other settings
                 self.serve_metrics(port=assembly.rank_port(cfg.metrics_port), addr=cfg.metrics_addr)

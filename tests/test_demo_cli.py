@@ -52,6 +52,41 @@ def test_perfsdk_demo_prints_the_report_and_exits_zero(tmp_path: Path) -> None:
     assert "calibrated" in out  # the CPU was measured, so floors and MBU/MFU are on
 
 
+def test_a_bad_calibration_never_reaches_the_report_as_a_utilisation_above_100_percent(tmp_path: Path) -> None:
+    """Issue 19's reproduction: a cached CPU calibration with fp32 at 1.4 GFLOP/s gave "MFU 2,674.8 %".
+
+    Whatever perfsdk makes of that cache (refuses it, or uses it), no MBU or MFU above 100 % is presented as a
+    result: a figure that came out impossible reads "suspect", with a warning naming the peak in use.
+    """
+    import torch
+
+    from perfsdk.hardware import _cache_path, _cpu_name
+
+    env_cache = tmp_path / "cache"
+    env_cache.mkdir()
+    old = os.environ.get("PERFSDK_CACHE_DIR")
+    os.environ["PERFSDK_CACHE_DIR"] = str(env_cache)
+    try:
+        path = _cache_path(_cpu_name())
+    finally:
+        if old is None:
+            del os.environ["PERFSDK_CACHE_DIR"]
+        else:
+            os.environ["PERFSDK_CACHE_DIR"] = old
+    path.write_text(json.dumps({
+        "device": _cpu_name(), "copy_bandwidth": 10.9e9, "flops": {"fp32": 1.4e9, "bf16": 9.4e9},
+        "measured_at": "2026-12-01T00:00:00+00:00", "torch_version": torch.__version__, "backend": "cpu",
+        "quick": True, "details": {"threads": torch.get_num_threads()}}))
+    proc = _run("--duration", "3", cache=env_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    table = out[out.index("Steps"):out.index("Floors")]
+    shown = [float(x) for x in re.findall(r"(\d+(?:\.\d+)?)%", table.split("warning")[0])]
+    assert shown and all(v <= 100 for v in shown), table
+    if "suspect" in table:
+        assert "The peak in use" in table and "TFLOP/s" in table, table
+
+
 def test_perfsdk_demo_json_counts_agree() -> None:
     proc = _run("--duration", "2", "--request-rate", "4", "--output-len", "8", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -176,6 +176,7 @@ def test_every_panel_query_and_recording_rule_runs_on_a_real_prometheus(
     rules = json.load(urllib.request.urlopen(f"{prom}/api/v1/rules", timeout=5))
     alerts = [r for g in rules["data"]["groups"] for r in g["rules"] if r["type"] == "alerting"]
     assert {a["name"] for a in alerts} == {"PerfsdkDecodeMBUDropped", "PerfsdkPrefillMFUDropped", "PerfsdkTTFTHigh",
+                                           "PerfsdkImpossibleUtilization",
                                           "PerfsdkDroppingRecords", "PerfsdkInternalErrors", "PerfsdkRankDown",
                                           "PerfsdkStraggler"}
     # one process: no rank label, and no profile taken yet, so no communication share exported (a 0 there

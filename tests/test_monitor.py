@@ -531,7 +531,7 @@ def test_exported_metrics_are_exactly_the_documented_set() -> None:
             "perfsdk_step_flops_utilization", "perfsdk_step_bytes", "perfsdk_step_flops", "perfsdk_step_tokens",
             "perfsdk_hardware_peak_bandwidth_bytes", "perfsdk_hardware_peak_flops", "perfsdk_dropped_records",
             "perfsdk_internal_errors", "perfsdk_profile_gpu_busy_fraction",
-            "perfsdk_profile_communication_fraction",
+            "perfsdk_profile_communication_fraction", "perfsdk_suspect_utilization",
         }
         text = generate_latest(h.registry).decode()
         assert "vllm:" not in text
@@ -551,6 +551,71 @@ def test_promtool_accepts_the_exposition(tmp_path: Any) -> None:
         text = generate_latest(h.registry)
     proc = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+
+
+def test_the_exported_metrics_are_exactly_the_documented_table() -> None:
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z_:]+)` \|", doc, flags=re.MULTILINE))
+    with monitor_harness(model=MODEL, hardware=HW) as h:
+        h.monitor.window_deps()[1](0.5, 0.1)  # the profile gauges appear at the first capture
+        exported = {m.name + ("_total" if m.type == "counter" else "") for m in h.registry.collect()}
+    assert exported == documented
+
+
+def test_an_impossible_utilisation_is_counted_logged_once_with_its_peak_and_marked_suspect(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A peak far too low (a bad calibration, the wrong SKU) makes MBU/MFU exceed 1: never silently."""
+    low = HardwareSpec(name="too-low", memory_bandwidth=1e9, flops={"bf16": 1e9}, source="a bad calibration")
+    clock = FakeClock()
+    with caplog.at_level(logging.WARNING, logger="perfsdk"), \
+            monitor_harness(model=MODEL, hardware=low, clock=clock) as h:
+        mon = h.monitor
+        for _ in range(3):
+            with mon.decode(batch=1, context_tokens=100):
+                clock.advance(0.005)  # 16 GB in 5 ms at "1 GB/s": MBU 3,000
+            with mon.prefill(tokens=100):
+                clock.advance(0.005)
+            h.flush()
+        reason = "perfsdk_suspect_utilization_total"
+        assert h.value(reason, phase="decode", reason="mbu_above_peak") == 3
+        assert h.value(reason, phase="prefill", reason="mfu_above_peak") == 3
+        assert h.value(reason, phase="decode", reason="mfu_above_peak") == 0
+        stats = mon.stats()
+        assert "3 of the last 3 steps had MBU above 100%" in stats["decode"]["mbu_suspect"]
+        assert "mfu_suspect" in stats["prefill"] and "mbu_suspect" not in stats["prefill"]
+    logged = [r.getMessage() for r in caplog.records if "impossible" in r.getMessage()]
+    assert len(logged) == 2  # once per phase and quantity, however many steps
+    mbu_log = next(m for m in logged if "MBU" in m)
+    assert "0.001 TB/s" in mbu_log and "a bad calibration" in mbu_log and "too-low" in mbu_log
+
+
+def test_utilisation_at_the_floor_is_one_and_never_above() -> None:
+    """MBU and MFU are bounded by 1 for any step no faster than its floor, in the core as in budget."""
+    from perfsdk import budget
+
+    hw = HardwareSpec(name="t", memory_bandwidth=3.35e12, flops={"bf16": 989e12})
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=hw, clock=clock) as h:
+        mon = h.monitor
+        for batch, ctx in ((1, 0), (8, 8 * 4096), (64, 64 * 512)):
+            floor = budget.decode_floor_s(MODEL, hw.memory_bandwidth, ctx, batch)
+            for slack in (1.0, 1.5, 10.0):
+                with mon.decode(batch=batch, context_tokens=ctx):
+                    clock.advance(floor * slack * 1.000001)  # the fake clock keeps whole nanoseconds
+        for n in (16, 2048):
+            floor = budget.prefill_floor_s(MODEL, hw.peak_flops("bf16"), [n])
+            with mon.prefill(tokens=n):
+                clock.advance(floor * 1.000001)
+        h.flush()
+        stats = mon.stats()
+        assert min(stats["decode"]["mbu_p50"], stats["prefill"]["mfu_p50"]) > 0
+        assert h.count(MBU, phase="decode") == 9 and h.count(MFU, phase="prefill") == 2
+        assert h.value(f"{MBU}_bucket", phase="decode", le="1.0") == 9  # none above 1
+        assert h.value(f"{MFU}_bucket", phase="prefill", le="1.0") == 2
+        assert "mbu_suspect" not in stats["decode"] and "mfu_suspect" not in stats["prefill"]
 
 
 def test_no_arguments_works_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:

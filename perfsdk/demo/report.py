@@ -138,6 +138,9 @@ def build_report(
             "step_ms_mean": ms.get("step_ms_mean", host_s / n_engine * 1000 if n_engine else None),
             "mbu_mean": ms.get("mbu_mean"),
             "mfu_mean": ms.get("mfu_mean"),
+            # an MBU/MFU above 1 is impossible: such a figure is shown as suspect, never as a result
+            "mbu_suspect": ms.get("mbu_suspect"),
+            "mfu_suspect": ms.get("mfu_suspect"),
         }
     steps["decode"]["batch_mean"] = sum(es.batch_sizes) / len(es.batch_sizes) if es.batch_sizes else None
     steps["decode"]["batch_max"] = max(es.batch_sizes, default=None)
@@ -146,12 +149,16 @@ def build_report(
     floors: dict[str, Any] = {"hardware": stack.hardware_note}
     if spec is not None:
         floors["weight_bytes"] = spec.weight_bytes
+        floors["step_weight_bytes"] = spec.step_weight_bytes  # an untied input table is read one row per sequence
+        floors["embedding_bytes"] = spec.embedding_bytes
         floors["kv_bytes_per_token"] = spec.kv_bytes_per_token
         floors["params"] = spec.params
         floors["dtype"] = spec.dtype
     if spec is not None and hw is not None:
         ctx = es.decode_context_tokens / es.decode_steps if es.decode_steps else 0.0
-        decode_floor = budget.decode_floor_s(spec, hw.memory_bandwidth, context_tokens=round(ctx))
+        batch = round(sum(es.batch_sizes) / len(es.batch_sizes)) if es.batch_sizes else 1
+        decode_floor = budget.decode_floor_s(spec, hw.memory_bandwidth, context_tokens=round(ctx),
+                                             batch=max(batch, 1))
         prompt = es.prefill_tokens / es.submitted if es.submitted else 128
         try:
             peak = hw.peak_flops(spec.dtype)
@@ -265,21 +272,31 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
     lines.append("")
     lines.append("Steps")
     lines.append(f"  {'phase':8}{'steps':>8}{'p50 ms':>10}{'mean ms':>10}{'MBU':>9}{'MFU':>9}")
+    fl = r["floors"]
+    peaks = {"mbu_suspect": f"{(fl.get('bandwidth_bytes_per_s') or 0) / 1e9:.4g} GB/s",
+             "mfu_suspect": f"{(fl.get('peak_flops') or 0) / 1e12:.4g} TFLOP/s"}
+    suspects: list[str] = []
     for phase, st in r["steps"].items():
+        mbu = "suspect" if st.get("mbu_suspect") else _pct(st["mbu_mean"])
+        mfu = "suspect" if st.get("mfu_suspect") else _pct(st["mfu_mean"])
         lines.append(
             f"  {phase:8}{_f(st['steps'], '{}'):>8}{_f(st['step_ms_p50']):>10}{_f(st['step_ms_mean']):>10}"
-            f"{_pct(st['mbu_mean']):>9}{_pct(st['mfu_mean']):>9}"
+            f"{mbu:>9}{mfu:>9}"
         )
+        suspects += [f"  warning: {phase}: {st[k]}. The peak in use: {peak} ({fl.get('hardware')})."
+                     for k, peak in peaks.items() if st.get(k)]
+    lines += suspects
     dec = r["steps"]["decode"]
     lines.append(f"  decode batch: mean {_f(dec.get('batch_mean'), '{:.1f}')}, max {_f(dec.get('batch_max'), '{}')}")
     lines.append("")
-    fl = r["floors"]
     lines.append("Floors for this model on this machine")
     lines.append(f"  hardware: {fl.get('hardware')}")
     if "weight_bytes" in fl:
+        table = fl.get("embedding_bytes") or 0
         lines.append(
-            f"  weights {_bytes(fl['weight_bytes'])} read per decode step; "
-            f"KV cache {_bytes(fl['kv_bytes_per_token'])} per token"
+            f"  weights {_bytes(fl.get('step_weight_bytes', fl['weight_bytes']))} read per decode step"
+            + (f" (+ one row per sequence of the {_bytes(table)} untied input embedding)" if table else "")
+            + f"; KV cache {_bytes(fl['kv_bytes_per_token'])} per token"
         )
     if "decode_step_floor_ms" in fl:
         bw, peak = fl["bandwidth_bytes_per_s"], fl.get("peak_flops")
@@ -291,11 +308,15 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
         if peak:
             lines.append(
                 f"  prefill floor {_f(fl.get('prefill_floor_ms'), '{:.3f}')} ms for "
-                f"{fl['prefill_tokens_mean']:.0f} tokens at {peak / 1e12:.2f} TFLOP/s"
+                f"{fl['prefill_tokens_mean']:.0f} tokens at {peak / 1e12:.3g} TFLOP/s"
             )
         if dec.get("step_ms_mean") and fl["decode_step_floor_ms"]:
             ratio = dec["step_ms_mean"] / fl["decode_step_floor_ms"]
-            lines.append(f"  measured decode step is {ratio:.1f}x its floor")
+            if ratio >= 1:
+                lines.append(f"  measured decode step is {ratio:.1f}x its floor")
+            else:  # faster than the floor: impossible, so one of the two numbers is wrong
+                lines.append(f"  measured decode step is faster than its floor ({ratio:.2f}x), which is impossible:"
+                             " the peak bandwidth or the measurement is wrong")
     else:
         lines.append("  (no hardware spec: floors, MBU and MFU are off)")
     lines.append("")

@@ -77,6 +77,7 @@ class MetricSet:
     peak_flops: Gauge
     dropped: Counter
     internal_errors: Counter
+    suspect: Counter
     profile_busy: Gauge
     profile_comm: Gauge
     extra_labels: tuple[str, ...]
@@ -156,6 +157,9 @@ def _create(reg: CollectorRegistry, extra: tuple[str, ...]) -> MetricSet:
                         "behind (the server never blocks).", extra, registry=reg),
         internal_errors=Counter("perfsdk_internal_errors", "Exceptions inside perfsdk, caught and counted "
                                 "(they never reach the server).", extra, registry=reg),
+        suspect=Counter("perfsdk_suspect_utilization", "Steps whose MBU or MFU came out above 1, which is "
+                        "impossible: the peak in use or the step's sizes or time are wrong (logged once).",
+                        (*mp, "reason"), registry=reg),
         profile_busy=Gauge("perfsdk_profile_gpu_busy_fraction", "GPU busy fraction of the last profiler "
                            "window's trace.", m, registry=reg, multiprocess_mode="mostrecent"),
         profile_comm=Gauge("perfsdk_profile_communication_fraction", "Share of step time in collectives not "
@@ -185,6 +189,8 @@ class PrometheusSink:
         self.step_bytes: list[Any] = []
         self.step_flops: list[Any] = []
         self.step_tokens: list[Any] = []
+        self.suspect_mbu: list[Any] = []
+        self.suspect_mfu: list[Any] = []
         for phase in PHASES:  # indexed by perfsdk.records' phase codes
             pv = (model, phase, *extra_values)
             self.step.append(_checked(metrics.step.labels(*pv), STEP))
@@ -193,6 +199,8 @@ class PrometheusSink:
             self.step_bytes.append(metrics.step_bytes.labels(*pv))
             self.step_flops.append(metrics.step_flops.labels(*pv))
             self.step_tokens.append(metrics.step_tokens.labels(*pv))
+            self.suspect_mbu.append(metrics.suspect.labels(*pv, "mbu_above_peak"))
+            self.suspect_mfu.append(metrics.suspect.labels(*pv, "mfu_above_peak"))
         self.dropped = metrics.dropped.labels(*extra_values) if extra_values else metrics.dropped
         self.internal_errors = (
             metrics.internal_errors.labels(*extra_values) if extra_values else metrics.internal_errors
@@ -230,6 +238,11 @@ class PrometheusSink:
                     self.step_flops[code].inc(t.flops)
                 if t.tokens:
                     self.step_tokens[code].inc(t.tokens)
+                # UTIL ends at 1.0: the +Inf bucket holds exactly the impossible values
+                if t.mbu_counts[-1]:
+                    self.suspect_mbu[code].inc(t.mbu_counts[-1])
+                if t.mfu_counts[-1]:
+                    self.suspect_mfu[code].inc(t.mfu_counts[-1])
 
     def latencies(self, ttft_s: Sequence[float], itl_s: Sequence[float]) -> None:
         for v in ttft_s:
