@@ -16,7 +16,9 @@ GIL for every few hundred steps — and:
   from the totals (the utilisation histograms' ``+Inf`` bucket: :data:`~perfsdk.buckets.UTIL` ends at 1);
   :func:`summary` marks the figure suspect (``mbu_suspect``, ``mfu_suspect``);
 * on a flush marker (:meth:`perfsdk.Monitor.flush`), first waits for the core to count every step
-  pushed before it (the GPU is read as needed), then exports, then waits for the sinks.
+  pushed before it (the GPU is read as needed), then exports, then waits for the sinks. A scrape of
+  perfsdk's ``/metrics`` (or :meth:`perfsdk.Monitor.metrics_text`) *drains* the same way, without waiting
+  for the sinks: it sees every step and request that finished before it began.
 
 When nothing happens it sleeps longer (up to :data:`IDLE_MAX`); flush and close wake it at once. A
 failing sink is counted in ``perfsdk_internal_errors_total`` and the others still get their results.
@@ -200,14 +202,19 @@ class Collector(threading.Thread):
             self.peaks.get(kind, "(unknown)"), kind)
 
     def _flush(self, marker: Flush) -> None:
-        """Everything pushed before the marker: counted by the core, exported, out of the sinks."""
+        """Everything pushed before the marker: counted by the core, exported, out of the sinks (a drain,
+        ``marker.sinks`` False: exported, and what is counted even if the core is still behind)."""
         ok = False
         try:
-            if self.core.sync(marker.timeout):
+            synced = self.core.sync(marker.timeout)
+            if synced or not marker.sinks:
                 self._export_steps()
                 self._export_health()
+            if synced and marker.sinks:
                 flushed = [s.flush(marker.timeout) for s in self.sinks]  # every sink, even after one fails
                 ok = all(flushed)
+            else:
+                ok = synced
         except Exception as e:
             self.errors.record(e, "collector flush")
         finally:

@@ -7,7 +7,12 @@ Started by :meth:`perfsdk.Monitor.serve_metrics` on a daemon thread::
     # curl -X POST 'http://127.0.0.1:9400/profile?steps=4&mode=torch'   -> a profiler window
 
 ``/metrics`` is the Monitor's registry in the Prometheus text format (every
-process's values when ``PROMETHEUS_MULTIPROC_DIR`` is set). ``POST /profile``
+process's values when ``PROMETHEUS_MULTIPROC_DIR`` is set), fresh: each scrape
+first drains the Monitor's collector (:meth:`perfsdk.Monitor.metrics_text`,
+waiting at most ``drain_timeout``, 1 s), so it holds every step and request
+that finished before it began, not only what the last export (every
+``export_interval``) carried. Other processes' values behind
+``PROMETHEUS_MULTIPROC_DIR`` lag by at most their export interval. ``POST /profile``
 asks for one profiler-window capture; it is open on loopback, and needs
 ``Authorization: Bearer <token>`` when the server binds any other address —
 binding elsewhere without a token is refused at construction.
@@ -39,10 +44,10 @@ __all__ = ["MetricsHost", "MetricsServer"]
 
 
 class MetricsHost(Protocol):
-    """What the server needs of its Monitor (perfsdk.Monitor is one): the registry to serve and the
+    """What the server needs of its Monitor (perfsdk.Monitor is one): its metrics, drained, and the
     profiler-window trigger."""
 
-    registry: Any
+    def metrics_text(self, drain_timeout: float | None = ...) -> tuple[bytes, str]: ...
 
     def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api") -> Any: ...
 
@@ -60,7 +65,7 @@ def _is_loopback(addr: str) -> bool:
 
 class MetricsServer:
     def __init__(self, mon: MetricsHost, port: int = 9400, addr: str = "127.0.0.1", token: str | None = None, *,
-                 errors: ErrorGuard | None = None) -> None:
+                 errors: ErrorGuard | None = None, drain_timeout: float = 1.0) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port: expected an integer within 0..65535, got {port!r}")
         if not _is_loopback(addr) and not token:
@@ -71,11 +76,7 @@ class MetricsServer:
         self._mon = mon
         self._guard = errors if errors is not None else ErrorGuard()
         self._token = token
-        from prometheus_client import REGISTRY
-
-        from perfsdk.sinks.prometheus import multiprocess_registry
-
-        self._registry = multiprocess_registry() or mon.registry or REGISTRY
+        self.drain_timeout = drain_timeout
         self._counts_lock = threading.Lock()
         self._client_disconnects = 0
         self._failures = 0
@@ -124,12 +125,8 @@ class MetricsServer:
 
     # ---- request handling (server threads) --------------------------------
     def metrics(self) -> tuple[bytes, str]:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-        from perfsdk.sinks.prometheus import update_lock
-
-        with update_lock(self._registry):  # all of one step export or none of it (bytes / seconds stay exact)
-            return generate_latest(self._registry), CONTENT_TYPE_LATEST
+        """The drained exposition (all of one step export or none of it: bytes / seconds stay exact)."""
+        return self._mon.metrics_text(self.drain_timeout)
 
     def authorized(self, header: str | None) -> bool:
         if self._token is None:

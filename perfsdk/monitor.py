@@ -87,6 +87,7 @@ from perfsdk.records import (
     Request,
     check_count,
     finite_seconds,
+    seconds_list,
 )
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ __all__ = ["Monitor", "Phase", "Request", "Step", "load_native"]
 Phase = Step  # the name this type had before 0.2 (perfsdk.Phase); both work
 
 _UNSET: Any = object()
+DRAIN_TIMEOUT = 1.0  # how long a scrape waits for the collector at most (s); Prometheus' scrape timeout is 10 s
 
 
 class Monitor:
@@ -339,7 +341,7 @@ class Monitor:
         if not self._enabled:
             return
         try:
-            ttft, itl = _seconds(ttft_s), _seconds(itl_s)
+            ttft, itl = seconds_list(ttft_s), seconds_list(itl_s)
         except ConfigError as e:
             self._requests.refuse("record_latencies", str(e))
             return
@@ -377,12 +379,16 @@ class Monitor:
                                             None if request_id is None else str(request_id)))
 
     # ---- control -------------------------------------------------------
-    def flush(self, timeout: float | None = 10.0) -> bool:
-        """Block until everything recorded so far is counted and exported (``False`` on timeout)."""
+    def flush(self, timeout: float | None = 10.0, *, sinks: bool = True) -> bool:
+        """Block until everything recorded so far is counted and exported (``False`` on timeout).
+
+        ``sinks=False`` (what a scrape does): hand it to the sinks — the Prometheus registry has it then — but
+        do not wait for them to deliver (an OpenTelemetry exporter's network round trip).
+        """
         c = self._collector
         if c is None or not c.is_alive():
             return not self._enabled
-        marker = Flush(threading.Event(), timeout, [])
+        marker = Flush(threading.Event(), timeout, [], sinks)
         self._requests.push_marker(marker)  # a marker is never dropped
         c.wake()
         return marker.done.wait(timeout) and all(marker.result)
@@ -444,6 +450,22 @@ class Monitor:
         self._server = MetricsServer(self, port=9400 if port is None else port, addr=addr, token=token,
                                      errors=self._errors)
         return self._server
+
+    def metrics_text(self, drain_timeout: float | None = DRAIN_TIMEOUT) -> tuple[bytes, str]:
+        """``(body, content type)`` of this Monitor's Prometheus metrics, for a ``/metrics`` route of your own.
+
+        It first drains the collector (waiting at most *drain_timeout* s), so it holds every step and request
+        that finished before the call (``docs/metrics.md``, "Freshness"); it blocks that long at most: in an
+        async server run it in a worker thread (``await asyncio.to_thread(mon.metrics_text)``).
+        """
+        from perfsdk.sinks.prometheus import exposition
+
+        if drain_timeout is None or drain_timeout > 0:
+            try:
+                self.flush(drain_timeout, sinks=False)
+            except Exception as e:  # a scrape must answer even if perfsdk cannot drain
+                self._errors.record(e, "metrics drain")
+        return exposition(self.registry)
 
     def stats(self) -> dict[str, Any]:
         """Rolling per-phase statistics (last few thousand steps) and the SDK's health counters."""
@@ -507,17 +529,6 @@ class Monitor:
         prom = self._prom
         return (self._errors, prom.set_profile if prom is not None else None,
                 self._rank_label[0] if self._rank_label else "0")
-
-
-def _seconds(values: Any) -> tuple[float, ...]:
-    """The finite, non-negative values of *values*, as floats (ConfigError if it is not a sequence)."""
-    if values is None or isinstance(values, (str, bytes)):
-        raise ConfigError(f"expected a sequence of seconds, got {values!r}")
-    try:
-        items = list(values)
-    except TypeError:
-        raise ConfigError(f"expected a sequence of seconds, got {values!r}") from None
-    return tuple(f for f in map(finite_seconds, items) if f is not None)
 
 
 def _register_native_step() -> None:

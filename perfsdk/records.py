@@ -53,6 +53,7 @@ __all__ = [
     "StepRecord",
     "check_count",
     "lens_summary",
+    "seconds_list",
     "split_evenly",
 ]
 
@@ -168,6 +169,17 @@ def finite_seconds(value: Any) -> float | None:
     return f if 0 <= f < 1e9 else None
 
 
+def seconds_list(values: Any) -> tuple[float, ...]:
+    """The finite, non-negative values of *values*, as floats (ConfigError if it is not a sequence)."""
+    if values is None or isinstance(values, (str, bytes)):
+        raise ConfigError(f"expected a sequence of seconds, got {values!r}")
+    try:
+        items = list(values)
+    except TypeError:
+        raise ConfigError(f"expected a sequence of seconds, got {values!r}") from None
+    return tuple(f for f in map(finite_seconds, items) if f is not None)
+
+
 # ---- request events ----------------------------------------------------------------------------
 class FirstToken(NamedTuple):
     """A request emitted its first token (TTFT is observed at once)."""
@@ -205,11 +217,17 @@ class MeasuredRequest(NamedTuple):
 
 
 class Flush(NamedTuple):
-    """A flush marker: the collector sets *done* once everything recorded before it is exported."""
+    """A flush marker: the collector sets *done* once everything recorded before it is exported.
+
+    ``sinks=False`` is a *drain* (a scrape's): export to the sinks, without waiting for them to deliver (a
+    span exporter's network round trip is not a scrape's business), and export what the core has counted
+    even when it could not catch up within *timeout*.
+    """
 
     done: threading.Event
     timeout: float | None
     result: list[bool]  # [True] when everything before the marker was counted and exported in time
+    sinks: bool = True
 
 
 RequestEvent = FirstToken | Finished | MeasuredLatencies | MeasuredRequest | Flush

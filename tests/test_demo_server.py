@@ -341,3 +341,20 @@ def test_an_oversized_body_is_refused_before_it_is_read(demo: DemoStack) -> None
     assert _rss_bytes() - before < 32 << 20  # the 50 MB were never held
     after = httpx.post(demo.server.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
     assert after.status_code == 200
+
+
+def test_a_scrape_right_after_the_load_has_every_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19: six streaming requests complete; /metrics read right after showed none of their TTFTs."""
+    monkeypatch.setenv("PERFSDK_EXPORT_INTERVAL", "60")  # no export would carry them for a minute
+    with start_demo(size="tiny", device="cpu", port=0, max_batch_slots=4, max_seq=512) as stack:
+        assert stack.monitor is not None
+        base = stack.server.base_url
+        body = {"prompt": "fresh", "max_tokens": 4, "stream": True, "ignore_eos": True}
+        for _ in range(6):
+            with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30) as r:
+                assert _events(r.iter_lines())[-1] == "[DONE]"
+        text = httpx.get(f"{base}/metrics", timeout=10).text
+    counts = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.endswith(("_count", "")) and "_count{" in line and "phase" not in line}
+    assert counts["gen_ai_server_time_to_first_token_seconds_count"] == 6
+    assert counts["gen_ai_server_request_duration_seconds_count"] == 6

@@ -66,3 +66,40 @@ def test_a_failing_collector_answers_500_and_the_server_stays_up(capfd: pytest.C
         h.registry.unregister(broken)  # type: ignore[arg-type]
         assert urllib.request.urlopen(f"{srv.url}/metrics", timeout=10).status == 200
     assert "Exception occurred" not in capfd.readouterr().err
+
+
+def test_a_scrape_holds_everything_that_finished_before_it() -> None:
+    """Fresh scrapes: with an export interval of a minute, a scrape right after the work still has all of it
+    (before: nothing until the next export; with the 1 s default, a scrape right after a load lacked it)."""
+    with monitor_harness(export_interval=60) as h:
+        mon = h.monitor
+        srv: MetricsServer = mon.serve_metrics(port=0)
+        time.sleep(0.2)  # the collector's first round is done: what follows waits for the next interval
+        for _ in range(6):
+            with mon.request(prompt_tokens=4) as req:
+                req.scheduled()
+                req.tokens(1)
+                req.tokens(1)
+        for _ in range(227):
+            with mon.decode(batch=1, context_tokens=8):
+                pass
+        text = urllib.request.urlopen(f"{srv.url}/metrics", timeout=10).read().decode()
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert float(samples['gen_ai_server_time_to_first_token_seconds_count{model="unknown"}']) == 6
+    assert float(samples['gen_ai_server_request_duration_seconds_count{model="unknown"}']) == 6
+    assert float(samples['perfsdk_step_seconds_count{model="unknown",phase="decode"}']) == 227
+
+
+def test_metrics_text_is_the_same_drained_exposition_for_a_route_of_your_own() -> None:
+    with monitor_harness(export_interval=60) as h:
+        time.sleep(0.2)
+        with h.monitor.decode(batch=2):
+            pass
+        body, ctype = h.monitor.metrics_text()
+        assert ctype.startswith("text/plain")
+        assert b'perfsdk_step_seconds_count{model="unknown",phase="decode"} 1.0' in body
+        # a drain that cannot wait (timeout 0) still answers at once, with what was exported
+        with h.monitor.decode(batch=2):
+            pass
+        body, _ = h.monitor.metrics_text(drain_timeout=0)
+        assert b"perfsdk_step_seconds_count" in body

@@ -255,7 +255,11 @@ def create_app(
     async def metrics() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-        return Response(generate_latest(registry or CollectorRegistry()), media_type=CONTENT_TYPE_LATEST)
+        if monitor is None:
+            return Response(generate_latest(registry or CollectorRegistry()), media_type=CONTENT_TYPE_LATEST)
+        # drained (every finished request and step is in it), in a worker thread: the event loop serves tokens
+        body, ctype = await asyncio.to_thread(monitor.metrics_text)
+        return Response(body, media_type=ctype)
 
     @app.post("/debug/profile")
     async def profile(steps: int = 4, mode: str = "torch", wait: float = 0.0) -> Response:

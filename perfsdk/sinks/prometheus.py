@@ -49,6 +49,7 @@ __all__ = [
     "PHASES",
     "MetricSet",
     "PrometheusSink",
+    "exposition",
     "metric_set",
     "multiprocess_registry",
     "update_lock",
@@ -297,6 +298,17 @@ def _add(child: Any, counts: Sequence[int], total: float) -> None:
             n += c
     if n:
         child._sum.inc(total)
+
+
+def exposition(registry: CollectorRegistry | None) -> tuple[bytes, str]:
+    """``(body, content type)``: *registry* (every process's values when ``PROMETHEUS_MULTIPROC_DIR`` is set;
+    default: the global one) in the Prometheus text format, rendered under :func:`update_lock` so one export's
+    step totals are all in or all out."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    reg = multiprocess_registry() or registry or REGISTRY
+    with update_lock(registry or REGISTRY):
+        return generate_latest(reg), CONTENT_TYPE_LATEST
 
 
 def multiprocess_registry() -> CollectorRegistry | None:
