@@ -373,6 +373,26 @@ def test_a_run_with_no_successful_request_cannot_pass(tmp_path: Path) -> None:
     done = _cli("regress", "check", run, "--baseline", base)
     assert done.returncode == 2
     assert "summary.ttft_ms.median is null" in done.stderr and "completed no request" in done.stderr
+    # the JSON verdict and the CI summary say it too, instead of nothing (or a pass)
+    md = tmp_path / "gate.md"
+    done = _cli("regress", "check", run, "--baseline", base, "--json", "--markdown", md)
+    assert done.returncode == 2
+    report = json.loads(done.stdout)
+    assert report["verdict"] == "cannot compare" and report["passed"] is False
+    assert "summary.ttft_ms.median is null" in report["reason"]
+    assert "cannot compare" in md.read_text() and "summary.ttft_ms.median is null" in md.read_text()
+
+
+@pytest.mark.slow
+def test_a_run_file_that_cannot_be_read_or_a_summary_that_cannot_be_written_exits_2(tmp_path: Path) -> None:
+    base = _file(tmp_path / "base.json", _summary())
+    for run, words in ((tmp_path / "none.json", "no such file"), (tmp_path, "cannot read")):
+        done = _cli("regress", "check", run, "--baseline", base)
+        assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr
+        assert _last_line(done.stdout).startswith("cannot compare: ")
+    done = _cli("regress", "check", base, "--baseline", base, "--markdown", tmp_path / "no" / "such" / "dir.md")
+    assert done.returncode == 2 and "--markdown: cannot write" in done.stderr and "Traceback" not in done.stderr
+    assert _last_line(done.stdout).startswith("cannot compare: ")
 
 
 # (what the file holds instead of a saved run, words of the message)

@@ -196,8 +196,8 @@ class BenchResult:
             data = json.loads(p.read_text())
         except FileNotFoundError:
             raise ConfigError(f"result: no such file {str(p)!r}") from None
-        except IsADirectoryError:
-            raise ConfigError(f"result: {str(p)!r} is a directory, not a saved run") from None
+        except OSError as e:  # a directory, no permission, ...
+            raise ConfigError(f"result: cannot read {str(p)!r}: {e.strerror or e}") from None
         except UnicodeDecodeError as e:
             raise ConfigError(f"result: {str(p)!r} is not JSON text ({e.reason})") from None
         except json.JSONDecodeError as e:

@@ -7,21 +7,24 @@
 A gated number fails only when it got worse beyond its tolerance (relative, and --min-delta-ms for
 latencies) and beyond the noise: with several repetitions per run (--repeat 3), the 95 % interval of
 the change (Welch's t over the per-repetition values) must exclude 0, else it is "within noise".
-With one repetition on each side the noise is unknown and the tolerance alone decides.
+With one repetition on each side the noise is unknown and the tolerance alone decides. Failed
+requests gate at zero tolerance and without a noise allowance.
 
 Exit status of check:
   0  pass: no gated number got worse beyond its tolerance and the noise
   1  regression: at least one did
   2  cannot compare: no baseline, a file that is not a saved run, a gated value that is missing,
      null, NaN/Infinity, negative or not a number (the message names the file and the JSON path),
-     runs made with different settings (without --allow-config-diff), or a bad flag. The last line
-     on stdout then starts "cannot compare:", and the reason also goes to stderr.
+     runs made with different settings (without --allow-config-diff), or a bad flag value. The last
+     line on stdout then starts "cannot compare:", and the reason also goes to stderr (a flag that
+     does not parse at all gets argparse's usage message on stderr, also exit 2).
 save exits 0, or 2 with the reason. Details: the perfsdk.regress module.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -102,6 +105,8 @@ def _check(args: argparse.Namespace) -> int:
 
     try:
         report = _report(args)
+        if args.markdown:
+            _write(args.markdown, report.markdown())
     except PerfsdkError as e:
         # the verdict on stdout too: a CI log that keeps only stdout must not end without one
         if args.json:
@@ -109,10 +114,9 @@ def _check(args: argparse.Namespace) -> int:
         else:
             print(f"cannot compare: {e}")
         if args.markdown:
-            Path(args.markdown).write_text(cannot_compare_markdown(str(e)))
+            with contextlib.suppress(ConfigError):  # the summary file itself may be what failed
+                _write(args.markdown, cannot_compare_markdown(str(e)))
         raise
-    if args.markdown:
-        Path(args.markdown).write_text(report.markdown())
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
     if report.exit_code == 2:
         raise CannotCompareError(report.reason())
@@ -140,3 +144,10 @@ def _report(args: argparse.Namespace) -> RegressionReport:
         gates=gates,
         allow_config_diff=args.allow_config_diff,
     )
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as e:
+        raise ConfigError(f"--markdown: cannot write {path}: {e.strerror or e}") from None
