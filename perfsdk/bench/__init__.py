@@ -21,8 +21,9 @@ Modules: ``config`` (BenchConfig), ``distributions`` (LengthSpec),
 ``arrivals`` (Poisson/gamma schedule, same meaning as ``vllm bench serve``),
 ``prompts``, ``client`` (one SSE request, failure classification),
 ``records`` (RequestRecord, failure reasons), ``run``, ``report`` (summary
-keys are documented there), ``result`` (BenchResult, JSON), ``plot``,
-``compare``, ``cli``. aiohttp, tqdm and matplotlib are imported only when a
+keys are documented there), ``result`` (BenchResult, JSON, repetitions),
+``plot``, ``compare``, ``noise`` (the 95 % interval of a difference across
+repetitions, ``repeat=3``), ``cli``. aiohttp, tqdm and matplotlib are imported only when a
 benchmark runs or a plot is drawn.
 """
 

@@ -16,6 +16,7 @@
         output_len=128,
         goodput={"ttft": 500, "tpot": 50},   # SLOs in milliseconds
         seed=0,
+        repeat=3,                     # the same load three times: spread, and intervals in compare
     )
 
 Every field is checked in ``__post_init__``; a bad value raises
@@ -98,6 +99,7 @@ class BenchConfig:
     progress: bool = True
     api_key: str | None = field(default=None, repr=False)  # never saved in results
     temperature: float = 0.0
+    repeat: int = 1  # repetitions of the same load (same seed, same requests, same schedule)
 
     def __post_init__(self) -> None:
         url = urlparse(self.base_url)
@@ -114,6 +116,7 @@ class BenchConfig:
         _check_int("num_prompts", self.num_prompts, minimum=1)
         _check_int("warmup", self.warmup, minimum=0)
         _check_int("seed", self.seed, minimum=None)
+        _check_int("repeat", self.repeat, minimum=1)
         if isinstance(self.request_rate, bool) or not (
             isinstance(self.request_rate, (int, float)) and self.request_rate > 0
         ):
@@ -181,6 +184,7 @@ class BenchConfig:
             "percentiles": list(self.percentiles),
             "timeout_s": self.timeout_s,
             "temperature": self.temperature,
+            "repeat": self.repeat,
         }
 
 

@@ -6,7 +6,9 @@
     plot_result(result, "run.png")        # or: perfsdk bench serve ... --plot run.png
 
 Four histograms (TTFT, TPOT, ITL, E2EL, in ms, with the median and p99 marked)
-and a time series of output tokens/s with requests in flight. matplotlib is
+and a time series of output tokens/s with requests in flight. For a run of
+several repetitions the histograms hold every repetition's requests and the
+time series is the first repetition's (their clocks each start at zero). matplotlib is
 imported here only, with the Agg backend, so no display is needed.
 """
 
@@ -20,6 +22,7 @@ from perfsdk.bench.report import percentile, throughput_series
 from perfsdk.errors import MissingDependencyError
 
 if TYPE_CHECKING:
+    from perfsdk.bench.records import RequestRecord
     from perfsdk.bench.result import BenchResult
 
 __all__ = ["plot_result"]
@@ -49,16 +52,19 @@ def plot_result(result: BenchResult, path: str | os.PathLike[str]) -> Path:
         _histogram(ax, title, values)
 
     ax = fig.add_subplot(grid[2, :])
-    duration = float(result.summary.get("duration_s") or 0.0)
+    first = result.repetitions[0]
+    duration = float(first.summary.get("duration_s") or 0.0)
     bucket = max(duration / 60.0, 0.05)  # about 60 points whatever the length of the run
-    times, rates = throughput_series(ok, bucket)
+    times, rates = throughput_series([r for r in first.records if r.ok], bucket)
     ax.step(times, rates, where="post", color="tab:blue", label="output tokens/s")
     ax.set_xlabel("time since first request (s)")
     ax.set_ylabel("output tokens/s")
     ax.grid(alpha=0.3)
-    if result.records:
+    if len(result.repetitions) > 1:
+        ax.set_title(f"repetition 1 of {len(result.repetitions)}")
+    if first.records:
         inflight = ax.twinx()
-        xs, ys = _in_flight(result)
+        xs, ys = _in_flight(first.records)
         inflight.step(xs, ys, where="post", color="tab:orange", alpha=0.7, label="requests in flight")
         inflight.set_ylabel("requests in flight")
         handles = ax.get_legend_handles_labels()[0] + inflight.get_legend_handles_labels()[0]
@@ -89,9 +95,9 @@ def _histogram(ax: Any, title: str, values: list[float]) -> None:
     ax.set_ylabel("count")
 
 
-def _in_flight(result: BenchResult) -> tuple[list[float], list[int]]:
+def _in_flight(records: list[RequestRecord]) -> tuple[list[float], list[int]]:
     events: list[tuple[float, int]] = []
-    for r in result.records:
+    for r in records:
         if r.stream_end is not None:
             events.append((r.start, 1))
             events.append((r.start + r.stream_end, -1))

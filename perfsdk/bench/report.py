@@ -37,6 +37,13 @@ Summary keys:
 
 Goodput follows vLLM: a request is good when each given SLO is >= its TTFT,
 TPOT and E2EL (a one-token request counts TPOT as 0).
+
+A run of several repetitions (``--repeat N``) keeps one summary per repetition;
+:func:`summarize_repetitions` pools them into the run's summary (every request
+of every repetition in the latency statistics, counts summed, throughputs over
+the summed durations, the peaks the largest of any repetition, and
+``repetitions``: N), and :func:`format_spread` prints how much the headline
+numbers moved between repetitions.
 """
 
 from __future__ import annotations
@@ -50,12 +57,14 @@ from perfsdk.bench.records import RequestRecord
 
 __all__ = [
     "LATENCY_KEYS",
+    "format_spread",
     "format_summary",
     "latency_stats",
     "peak_concurrency",
     "percentile",
     "percentile_key",
     "summarize",
+    "summarize_repetitions",
     "throughput_series",
 ]
 
@@ -196,6 +205,64 @@ def summarize(
         }
     )
     return summary
+
+
+def summarize_repetitions(
+    records_per_repetition: Sequence[Sequence[RequestRecord]],
+    summaries: Sequence[Mapping[str, Any]],
+    *,
+    percentiles: Sequence[float] = (99.0,),
+    goodput: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """One summary of several repetitions of the same load (see the module docstring)."""
+    pooled = [r for records in records_per_repetition for r in records]
+    duration = math.fsum(float(s.get("duration_s") or 0.0) for s in summaries)
+    out = summarize(pooled, duration_s=duration, percentiles=percentiles, goodput=goodput)
+    # the records' times are offsets within their own repetition: peaks of the pooled records would
+    # stack repetitions that never overlapped, so the peak is the largest of any single repetition
+    out["max_output_tokens_per_s"] = max(float(s.get("max_output_tokens_per_s") or 0.0) for s in summaries)
+    out["max_concurrent_requests"] = max(int(s.get("max_concurrent_requests") or 0) for s in summaries)
+    out["repetitions"] = len(summaries)
+    return out
+
+
+#: The headline numbers whose spread across repetitions is printed: (label, summary key, statistic).
+_SPREAD_ROWS: tuple[tuple[str, str, str | None], ...] = (
+    ("Request throughput (req/s)", "request_throughput", None),
+    ("Output throughput (tok/s)", "output_throughput", None),
+    ("Mean TTFT (ms)", "ttft_ms", "mean"),
+    ("Median TTFT (ms)", "ttft_ms", "median"),
+    ("Median TPOT (ms)", "tpot_ms", "median"),
+    ("Median ITL (ms)", "itl_ms", "median"),
+    ("Median E2EL (ms)", "e2el_ms", "median"),
+)
+
+
+def format_spread(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """Each headline number's mean, standard deviation (n − 1) and range across repetitions."""
+    width = 60
+    lines = [
+        f" Spread across {len(summaries)} repetitions ".center(width, "-"),
+        f"{'':<27}{'mean':>9}{'std %':>7}{'min':>8}{'max':>9}",
+    ]
+    for label, key, stat in _SPREAD_ROWS:
+        values: list[float] = []
+        for s in summaries:
+            v = s.get(key)
+            if stat is not None:
+                v = v.get(stat) if isinstance(v, Mapping) else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                values.append(float(v))
+        if len(values) != len(summaries):
+            lines.append(f"{label:<27}{'n/a':>9}")
+            continue
+        m = math.fsum(values) / len(values)
+        std = math.sqrt(math.fsum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+        cv = f"{std / abs(m) * 100:.0f}%" if m else "n/a"
+        lines.append(f"{label:<27}{m:>9,.2f}{cv:>7}{min(values):>8,.2f}{max(values):>9,.2f}")
+    lines.append("std %: the repetitions' standard deviation (n - 1) over their mean.")
+    lines.append("=" * width)
+    return "\n".join(lines)
 
 
 def _meets_slo(r: RequestRecord, slo_ms: Mapping[str, float]) -> bool:

@@ -6,13 +6,17 @@
         --endpoint chat --num-prompts 200 --request-rate 8 --burstiness 1 \\
         --max-concurrency 32 --input-len uniform:64-256 --output-len 128 \\
         --seed 0 --warmup 8 --goodput ttft:500 tpot:50 --percentiles 90 99 \\
-        --timeout 60 --save-result run.json --plot run.png
+        --timeout 60 --repeat 3 --save-result run.json --plot run.png
     perfsdk bench compare before.json after.json
 
 ``serve`` prints the summary table and exits 0, even when some requests
 failed (failures are counted and shown with their reasons); it exits 1 only
-when every request failed, so that a script notices a dead server. ``compare``
-prints the delta table and exits 0.
+when every request of a repetition failed, so that a script notices a dead
+server. ``--repeat N`` sends the same load N times (same seed: the same
+requests on the same schedule) and records every repetition; the table then
+also shows their spread. ``compare`` prints the delta table, with a 95 %
+interval per delta when the files hold repetitions ("within noise" when it
+contains 0), and exits 0; a file that is missing or not a saved run exits 2.
 """
 
 from __future__ import annotations
@@ -62,12 +66,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--api-key", default=None, help="sent as a Bearer token; never saved")
+    s.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="send the same load N times and record each (default 1; use 3 for `bench compare`/`regress`)",
+    )
     s.add_argument("--save-result", metavar="PATH", default=None, help="write config, records, summary as JSON")
     s.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of latencies and tokens/s")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=_serve)
 
-    c = bsub.add_parser("compare", help="print the deltas between two saved runs")
+    c = bsub.add_parser(
+        "compare",
+        help="print the deltas between two saved runs, with 95%% intervals when they hold repetitions",
+        description="Deltas between two saved runs. With several repetitions per file (bench serve --repeat 3) "
+        "each delta has a 95%% interval (Welch's t over the per-repetition values) and is called 'within noise' "
+        "when the interval contains 0; with one repetition per file the noise is unknown, and the table says so. "
+        "Exit 0; 2 when a file is missing or not a saved run.",
+    )
     c.add_argument("a", metavar="A.json")
     c.add_argument("b", metavar="B.json")
     c.set_defaults(func=_compare)
@@ -98,6 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
         save_result=args.save_result,
         plot=args.plot,
         progress=not args.no_progress,
+        repeat=args.repeat,
     )
     result = benchmark(config)
     print(result.format())
@@ -105,7 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"saved {args.save_result}")
     if args.plot:
         print(f"plotted {args.plot}")
-    return 1 if result.summary["completed"] == 0 else 0
+    return 1 if any(rep.summary["completed"] == 0 for rep in result.repetitions) else 0
 
 
 def _compare(args: argparse.Namespace) -> int:

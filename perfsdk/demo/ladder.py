@@ -529,11 +529,15 @@ def _compare(row: dict[str, Any], prev: Mapping[str, Any], out: Path) -> None:
         a, b = BenchResult.load(a_path), BenchResult.load(b_path)
         rows = compare_results(a, b)
         row["compare"] = format_comparison(rows, config_diff(a, b), names=(prev["rung"], row["rung"]))
+    except Exception as e:  # a comparison that cannot be made is a note, not a lost ladder
+        row["compare"] = f"(compare failed: {type(e).__name__}: {e})"
+        return
+    try:
         report = check(a, b)
         row["regress"] = {"passed": report.passed, "regressions": [g.row.metric for g in report.regressions],
                           "markdown": report.markdown()}
-    except Exception as e:  # a comparison that cannot be made is a note, not a lost ladder
-        row["compare"] = f"(compare failed: {type(e).__name__}: {e})"
+    except Exception as e:  # e.g. a gated value the load did not produce: the gate says so, the table stays
+        row["regress"] = {"passed": False, "regressions": [], "markdown": f"(regress check: cannot compare: {e})\n"}
 
 
 # ---- output ---------------------------------------------------------------------------------------------
