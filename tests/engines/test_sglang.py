@@ -103,7 +103,7 @@ def test_sglangs_publisher_to_perfsdk_steps(tmp_path: Any) -> None:
         assert (st["decode"]["steps"], st["mixed"]["steps"], st["prefill"]["steps"]) == (1, 1, 1)
         assert sub.lost == 0
         assert h.sum("perfsdk_step_bandwidth_utilization", phase="decode") == pytest.approx(
-            budget.decode_step_bytes(MODEL, 8000) / (0.02 * 4.8e12))
+            budget.decode_step_bytes(MODEL, 8000, 8) / (0.02 * 4.8e12))
         assert h.sum("perfsdk_step_flops_utilization", phase="mixed") == pytest.approx(
             budget.mixed_step_flops(MODEL, [256], 7, 7000) / (0.03 * 1e15))
         assert h.sum("perfsdk_step_flops_utilization", phase="prefill") == pytest.approx(
@@ -179,9 +179,9 @@ def cost(shape: StepShape, spec: ModelSpec = SPEC) -> tuple[str, float, int]:
     if shape.phase == "prefill":
         return "prefill", budget.prefill_step_bytes(spec, lens, shape.prefill_cached), sum(lens)
     if shape.phase == "decode":
-        return "decode", budget.decode_step_bytes(spec, shape.decode_context), shape.decode_tokens
+        return "decode", budget.decode_step_bytes(spec, shape.decode_context, shape.decode_tokens), shape.decode_tokens
     ctx = shape.decode_context + shape.prefill_cached
-    return "mixed", budget.mixed_step_bytes(spec, lens, ctx), sum(lens) + shape.decode_tokens
+    return "mixed", budget.mixed_step_bytes(spec, lens, ctx, shape.decode_tokens), sum(lens) + shape.decode_tokens
 
 
 def expected_series(spec: ModelSpec, ranks: tuple[str, ...] = ("",)) -> dict[tuple[str, str, str], float]:

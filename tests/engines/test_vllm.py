@@ -136,10 +136,10 @@ def cost(shape: StepShape, spec: ModelSpec = SPEC) -> tuple[str, float, float, i
         return ("prefill", budget.prefill_step_bytes(spec, lens, shape.prefill_cached),
                 budget.prefill_flops(spec, lens, cached_tokens=shape.prefill_cached), sum(lens))
     if shape.phase == "decode":
-        return ("decode", budget.decode_step_bytes(spec, shape.decode_context),
+        return ("decode", budget.decode_step_bytes(spec, shape.decode_context, shape.decode_tokens),
                 budget.decode_flops(spec, shape.decode_tokens, shape.decode_context), shape.decode_tokens)
     ctx = shape.decode_context + shape.prefill_cached
-    return ("mixed", budget.mixed_step_bytes(spec, lens, ctx),
+    return ("mixed", budget.mixed_step_bytes(spec, lens, ctx, shape.decode_tokens),
             budget.mixed_step_flops(spec, lens, shape.decode_tokens, ctx), sum(lens) + shape.decode_tokens)
 
 
@@ -552,7 +552,7 @@ def test_without_the_worker_hook_steps_vllm_reports_become_perfsdk_steps(stack: 
         "prefill": 1, "decode": 1, "mixed": 1}
     ctx = 0.5 * 1000 * block  # kv_cache_usage x KV blocks x block size
     assert value("perfsdk_step_bandwidth_utilization_sum", phase="decode", **m) - mbu_before == pytest.approx(
-        budget.decode_step_bytes(spec, ctx) / (0.020 * HW.memory_bandwidth))
+        budget.decode_step_bytes(spec, ctx, 8) / (0.020 * HW.memory_bandwidth))
     assert value("perfsdk_step_flops_utilization_sum", phase="prefill", **m) - mfu_before == pytest.approx(
         budget.prefill_flops(spec, [500, 500]) / (0.050 * HW.flops["bf16"]))
     assert mon.stats()["internal_errors"] == 0
@@ -671,7 +671,7 @@ def test_the_engines_kv_cache_size_gives_the_decode_context(stack: Any, no_plugi
         manager.record(SchedulerStats(kv_cache_usage=0.25, iteration_details=details), None, engine_idx=0)
         assert mon.flush(10)
         assert value("perfsdk_step_bandwidth_utilization_sum", phase="decode", **m) - before == pytest.approx(
-            budget.decode_step_bytes(mon.model, 5_000) / (0.010 * HW.memory_bandwidth))
+            budget.decode_step_bytes(mon.model, 5_000, 4) / (0.010 * HW.memory_bandwidth))
     finally:
         cfg.cache_config.kv_cache_size_tokens = None
 
