@@ -86,6 +86,8 @@ class StepTotals:
     phases: tuple[PhaseTotals, PhaseTotals, PhaseTotals]
     samples: list[StepSample]
     window: list[tuple[float, int, float | None]]  # decode (seconds, batch, mbu), while feed_window
+    # every timed step's (phase, seconds, mbu, mfu), while feed_values (an OpenTelemetry metrics sink listens)
+    values: list[tuple[int, float, float | None, float | None]] = field(default_factory=list)
 
     def empty(self) -> bool:
         return all(p.empty() for p in self.phases) and not self.samples and not self.window

@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from perfsdk.buckets import ITL, QUEUE, STEP, TPOT, TTFT, UTIL, DURATION
+from perfsdk.buckets import DURATION, ITL, QUEUE, STEP, TPOT, TTFT, UTIL
 from perfsdk.records import PHASES
 
 if TYPE_CHECKING:
