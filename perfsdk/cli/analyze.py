@@ -31,7 +31,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perfsdk.profiling.bandwidth import StepCost
 
 __all__ = ["register", "run_analyze"]
 
@@ -85,7 +88,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         return _run_ranks(args, traces)
     cost, unprofiled = _cost_and_reference(args)
     diag = analyze_trace(traces[0], step_pattern=args.step_name, cost=cost, unprofiled=unprofiled,
-                         phase=getattr(args, "phase", "decode"))
+                         phase=args.phase)
     plotted = None
     if args.plot and diag.has_gpu:
         from perfsdk.profiling.timeline_plot import plot_timeline
@@ -116,17 +119,16 @@ def _config_error(msg: str) -> Exception:
     return ConfigError(msg)
 
 
-def _cost_and_reference(args: argparse.Namespace) -> tuple[dict[str, Any] | None, Any]:
+def _cost_and_reference(args: argparse.Namespace) -> tuple[dict[str, StepCost] | None, Any]:
     """The per-phase costs and the unprofiled reference the options describe (None where none were given)."""
     from perfsdk.profiling.bandwidth import StepCost
     from perfsdk.profiling.observer import Unprofiled
 
-    g: Any = lambda name, default=None: getattr(args, name, default)  # noqa: E731  (Namespaces built by hand)
-    phase = g("phase", "decode")
-    step_bytes, step_flops = _positive("step-bytes", g("step_bytes")), _positive("step-flops", g("step_flops"))
-    bw, tflops = _positive("bandwidth-tb-s", g("bandwidth_tb_s")), _positive("tflops", g("tflops"))
-    unprofiled_ms = _positive("unprofiled-ms", g("unprofiled_ms"))
-    batch, context, prompt = g("batch", 1), g("context", 0), g("prompt_tokens")
+    phase = args.phase
+    step_bytes, step_flops = _positive("step-bytes", args.step_bytes), _positive("step-flops", args.step_flops)
+    bw, tflops = _positive("bandwidth-tb-s", args.bandwidth_tb_s), _positive("tflops", args.tflops)
+    unprofiled_ms = _positive("unprofiled-ms", args.unprofiled_ms)
+    batch, context, prompt = args.batch, args.context, args.prompt_tokens
     if batch < 1:
         raise _config_error(f"--batch: must be >= 1, got {batch}")
     if context < 0:
@@ -135,37 +137,39 @@ def _cost_and_reference(args: argparse.Namespace) -> tuple[dict[str, Any] | None
         raise _config_error(f"--prompt-tokens: must be >= 1, got {prompt}")
     unprofiled = None if unprofiled_ms is None else {
         phase: Unprofiled(step_us=unprofiled_ms * 1000, source="--unprofiled-ms")}
-    if not any(x is not None for x in (g("model"), g("gpu"), step_bytes, step_flops, bw, tflops)):
+    if not any(x is not None for x in (args.model, args.gpu, step_bytes, step_flops, bw, tflops)):
         return None, unprofiled
     from perfsdk import hardware
     from perfsdk.model import ModelSpec
 
-    model = ModelSpec.named(g("model")) if g("model") else None
-    hw = hardware.get(g("gpu")) if g("gpu") else None
-    if hw is not None and (bw is not None or tflops is not None):
-        from perfsdk.assembly import default_compute_dtype
+    model = ModelSpec.named(args.model) if args.model else None
+    hw = hardware.get(args.gpu) if args.gpu else None
 
-        dtype = default_compute_dtype(model)
-        hw = hw.with_overrides(memory_bandwidth=None if bw is None else bw * 1e12,
-                               flops=None if tflops is None else {dtype: tflops * 1e12})
-    peak_bw = bw * 1e12 if bw is not None else hw.memory_bandwidth if hw is not None else None
-    costs: dict[str, Any] = {}
+    def peaks(c: StepCost) -> StepCost:  # --bandwidth-tb-s / --tflops win over the GPU's datasheet row
+        return StepCost(bytes=c.bytes, flops=c.flops,
+                        peak_bandwidth=bw * 1e12 if bw is not None else c.peak_bandwidth,
+                        peak_flops=tflops * 1e12 if tflops is not None else c.peak_flops,
+                        source=c.source + ("; peaks from --bandwidth-tb-s/--tflops" if bw or tflops else ""),
+                        missing="" if hw is None and (bw or tflops) else c.missing)
+
+    costs: dict[str, StepCost] = {}
     if model is not None:
-        costs["decode"] = StepCost.decode(model, hw, batch=batch, context_tokens=context * batch)
+        costs["decode"] = peaks(StepCost.decode(model, hw, batch=batch, context_tokens=context * batch))
         if prompt is not None:
-            costs["prefill"] = StepCost.prefill(model, hw, [prompt] * batch)
+            costs["prefill"] = peaks(StepCost.prefill(model, hw, [prompt] * batch))
     if step_bytes is not None or step_flops is not None:
-        base = costs.get(phase)
-        peak_fl = tflops * 1e12 if tflops is not None else base.peak_flops if base is not None else (
-            _bf16(hw) if hw is not None else None)
+        base = costs.get(phase) or peaks(StepCost(
+            peak_bandwidth=hw.memory_bandwidth if hw is not None else None,
+            peak_flops=_bf16(hw) if hw is not None else None))
         costs[phase] = StepCost(
-            bytes=step_bytes if step_bytes is not None else base.bytes if base is not None else None,
-            flops=step_flops if step_flops is not None else base.flops if base is not None else None,
-            peak_bandwidth=peak_bw, peak_flops=peak_fl,
-            source=f"--step-bytes/--step-flops; {hw.display_name if hw is not None else 'peaks given'}")
+            bytes=step_bytes if step_bytes is not None else base.bytes,
+            flops=step_flops if step_flops is not None else base.flops,
+            peak_bandwidth=base.peak_bandwidth, peak_flops=base.peak_flops,
+            source="--step-bytes/--step-flops" + (f"; {hw.display_name}" if hw is not None else ""))
     if not costs:  # peaks only: the steps' bytes are still unknown, and the report says so
-        costs[phase] = StepCost(peak_bandwidth=peak_bw, missing="no bytes or FLOPs for the steps: give --model "
-                                                                "(with --batch/--context) or --step-bytes")
+        costs[phase] = StepCost(peak_bandwidth=bw * 1e12 if bw is not None else hw.memory_bandwidth if hw else None,
+                                missing="no bytes or FLOPs for the steps: give --model (with --batch/--context) "
+                                        "or --step-bytes")
     return costs, unprofiled
 
 

@@ -98,8 +98,8 @@ __all__ = [
     "HEALTHY_BUSY_FRACTION",
     "LAUNCH_BOUND_MIN_SHARE",
     "PERFSDK_STEP_NAMES",
-    "SYNC_BOUND_MIN_PER_STEP",
     "PHASES",
+    "SYNC_BOUND_MIN_PER_STEP",
     "Diagnosis",
     "Finding",
     "Gap",
@@ -464,7 +464,8 @@ class Diagnosis:
             txt = (f"  profiling inflated {phase} steps {infl:.2f}x: {o['profiled_step_us'] / 1000:.3f} ms profiled "
                    f"against {o['unprofiled_step_us'] / 1000:.3f} ms unprofiled ({ref['source'] or 'given'})"
                    if infl is not None else f"  {phase} steps: no profiled step time to compare")
-            out.append(txt + f"; shares are of the unprofiled step{' (CPU-only: unchanged)' if not self.has_gpu else ''}")
+            cpu = "" if self.has_gpu else " (CPU-only: unchanged)"
+            out.append(f"{txt}; shares are of the unprofiled step{cpu}")
             if o.get("note"):
                 out.append(f"  note: {o['note']}")
         if not self.corrected:

@@ -170,7 +170,7 @@ class StepCost:
         name = model.name or "model"
         if hardware is None:
             return cls(bytes=nbytes, flops=flops, source=f"{name} {what}",
-                       missing="no GPU peaks (give the GPU: --gpu, or Monitor(hardware=...))")
+                       missing="no GPU peaks: give the GPU (--gpu, or Monitor(hardware=...))")
         dtype = compute_dtype or default_compute_dtype(model)
         missing = ""
         try:
@@ -197,8 +197,8 @@ class StepCost:
         if self.missing:
             return self.missing
         if self.peak_bandwidth is None and self.peak_flops is None:
-            return "no GPU peaks (give the GPU: --gpu, or --bandwidth-tb-s / --tflops)"
-        return "no bytes or FLOPs for the step (give the model: --model, or --step-bytes / --step-flops)"
+            return "no GPU peaks: give the GPU (--gpu, or --bandwidth-tb-s / --tflops)"
+        return "no bytes or FLOPs for the step: give the model (--model, or --step-bytes / --step-flops)"
 
     def to_dict(self) -> dict[str, Any]:
         return {"bytes": self.bytes, "flops": self.flops, "peak_bandwidth": self.peak_bandwidth,
@@ -465,7 +465,7 @@ def check_kernels(steps: Sequence[Any], phases: Sequence[str], costs: Mapping[st
     have_bytes = have_flops = True
     sources: list[str] = []
     peak_bw = peak_fl = None
-    for s, ph in zip(steps, phases, strict=True):
+    for ph in phases:
         c = costs.get(ph)
         if c is None:
             return _missing(base, f"no bytes or FLOPs for the {ph} steps")
@@ -586,7 +586,8 @@ def kernel_findings(check: KernelCheck, working: float, window_us_per_step: floa
             "--context N, or --step-bytes B --bandwidth-tb-s X) so the kernels' time can be compared with "
             "the floor; a busy GPU is not yet a fast one." + (f" To look at the kernels themselves: {check.ncu}"
                                                              if check.ncu else ""))]
-    assert check.utilisation is not None and check.floor_us is not None
+    assert check.utilisation is not None
+    assert check.floor_us is not None
     util = check.utilisation
     rate = rate_text(check)
     if check.suspect:

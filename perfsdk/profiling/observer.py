@@ -174,5 +174,6 @@ def observer_summary(measured: Sequence[Any], ref: Unprofiled, has_gpu: bool, ph
     return {"phase": phase, "steps": len(steps), "profiled_step_us": round(profiled, 2),
             "profiled_host_step_us": round(statistics.fmean(s.host_dur_us for s in measured), 2) if measured
             else None,
-            "unprofiled_step_us": round(ref.step_us, 2), "inflation": None if inflation is None else round(inflation, 3),
+            "unprofiled_step_us": round(ref.step_us, 2),
+            "inflation": None if inflation is None else round(inflation, 3),
             "reference": ref.to_dict(), "note": note}
