@@ -276,7 +276,8 @@ def gemm_work(name: str, dims: Sequence[Sequence[int]], types: Sequence[str]) ->
         batches, m = _numel(a[:-2]), a[-2]
         b_reads = _numel(b[:-2]) * k * n
     flops = 2.0 * batches * m * k * n
-    nbytes = float(ea * batches * m * k + eb * b_reads + out_elem * batches * m * n + ebias * _numel(bias))
+    bias_bytes = ebias * _numel(bias) if bias else 0
+    nbytes = float(ea * batches * m * k + eb * b_reads + out_elem * batches * m * n + bias_bytes)
     return nbytes, flops
 
 
