@@ -46,19 +46,47 @@ class Builder:
         self.events.append({"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, **HOST})
 
     def op(self, name: str, ts: float, dur: float, dims: list[list[int]], types: list[str]) -> None:
-        self.events.append({"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, **HOST,
-                            "args": {"Input Dims": dims, "Input type": types, "External id": 1}})
+        self.events.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": name,
+                "ts": ts,
+                "dur": dur,
+                **HOST,
+                "args": {"Input Dims": dims, "Input type": types, "External id": 1},
+            }
+        )
 
     def kernel(self, name: str, ts: float, dur: float, *, launch_at: float) -> None:
         self.corr += 1
-        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": launch_at,
-                            "dur": 1.0, **HOST, "args": {"correlation": self.corr}})
-        self.events.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, **GPU,
-                            "args": {"correlation": self.corr, "stream": 7}})
+        self.events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "ts": launch_at,
+                "dur": 1.0,
+                **HOST,
+                "args": {"correlation": self.corr},
+            }
+        )
+        self.events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": name,
+                "ts": ts,
+                "dur": dur,
+                **GPU,
+                "args": {"correlation": self.corr, "stream": 7},
+            }
+        )
 
 
-def busy_trace(step: str = "perfsdk.decode", steps: int = 3, kernel_us: float = 100.0,
-               kernels: int = 10) -> list[dict[str, Any]]:
+def busy_trace(
+    step: str = "perfsdk.decode", steps: int = 3, kernel_us: float = 100.0, kernels: int = 10
+) -> list[dict[str, Any]]:
     """Steps whose kernels run back to back (launched well ahead): GPU busy ~100 %."""
     b = Builder()
     t = 0.0
@@ -136,12 +164,14 @@ def test_above_the_peak_is_suspect_never_healthy() -> None:
 def test_prefill_is_compute_bound_only_near_the_peak_flops() -> None:
     events = busy_trace("perfsdk.prefill", kernel_us=400.0)
     busy_s = kernel_us_per_step(events) * 1e-6
-    near = analyze_trace(events, cost=StepCost(bytes=1e9, flops=0.7 * PEAK_FLOPS * busy_s,
-                                               peak_bandwidth=PEAK_BW, peak_flops=PEAK_FLOPS))
+    near = analyze_trace(
+        events, cost=StepCost(bytes=1e9, flops=0.7 * PEAK_FLOPS * busy_s, peak_bandwidth=PEAK_BW, peak_flops=PEAK_FLOPS)
+    )
     assert kinds(near) == ["compute_bound"]
     assert near.kernel_check is not None and near.kernel_check.bound == "compute"
-    far = analyze_trace(events, cost=StepCost(bytes=1e9, flops=0.2 * PEAK_FLOPS * busy_s,
-                                              peak_bandwidth=PEAK_BW, peak_flops=PEAK_FLOPS))
+    far = analyze_trace(
+        events, cost=StepCost(bytes=1e9, flops=0.2 * PEAK_FLOPS * busy_s, peak_bandwidth=PEAK_BW, peak_flops=PEAK_FLOPS)
+    )
     assert kinds(far) == ["slow_kernels"]
     assert "TFLOP/s" in far.findings[0].evidence
     assert 0.2 < HEALTHY_FLOPS_FRACTION < 0.7 and 0.25 < HEALTHY_BANDWIDTH_FRACTION < 0.9
@@ -151,8 +181,15 @@ def test_the_bound_comes_from_the_figures_not_the_step_name() -> None:
     # a "decode" step whose FLOPs floor is far above its bytes floor (a huge batch) is compute-bound
     events = busy_trace("perfsdk.decode")
     busy_s = kernel_us_per_step(events) * 1e-6
-    d = analyze_trace(events, cost=StepCost(bytes=0.01 * PEAK_BW * busy_s, flops=0.8 * PEAK_FLOPS * busy_s,
-                                            peak_bandwidth=PEAK_BW, peak_flops=PEAK_FLOPS))
+    d = analyze_trace(
+        events,
+        cost=StepCost(
+            bytes=0.01 * PEAK_BW * busy_s,
+            flops=0.8 * PEAK_FLOPS * busy_s,
+            peak_bandwidth=PEAK_BW,
+            peak_flops=PEAK_FLOPS,
+        ),
+    )
     assert kinds(d) == ["compute_bound"]
 
 
@@ -201,13 +238,21 @@ def test_recorded_shapes_give_each_kernel_its_bandwidth_and_flop_rate() -> None:
 def test_gemm_work_of_the_matrix_products() -> None:
     bf = "c10::BFloat16"
     assert gemm_work("aten::mm", [[8, 64], [64, 32]], ["float", "float"]) == (
-        4.0 * (8 * 64 + 64 * 32 + 8 * 32), 2.0 * 8 * 64 * 32)
+        4.0 * (8 * 64 + 64 * 32 + 8 * 32),
+        2.0 * 8 * 64 * 32,
+    )
     assert gemm_work("aten::addmm", [[32], [8, 64], [64, 32], [], []], ["float"] * 3 + ["Scalar"] * 2) == (
-        4.0 * (8 * 64 + 64 * 32 + 8 * 32 + 32), 2.0 * 8 * 64 * 32)
+        4.0 * (8 * 64 + 64 * 32 + 8 * 32 + 32),
+        2.0 * 8 * 64 * 32,
+    )
     assert gemm_work("aten::bmm", [[2, 3, 4], [2, 4, 5]], [bf, bf]) == (
-        2.0 * (2 * 3 * 4 + 2 * 4 * 5 + 2 * 3 * 5), 2.0 * 2 * 3 * 4 * 5)
+        2.0 * (2 * 3 * 4 + 2 * 4 * 5 + 2 * 3 * 5),
+        2.0 * 2 * 3 * 4 * 5,
+    )
     assert gemm_work("aten::linear", [[2, 1, 64], [32, 64], [32]], [bf, bf, bf]) == (
-        2.0 * (2 * 64 + 64 * 32 + 2 * 32 + 32), 2.0 * 2 * 64 * 32)
+        2.0 * (2 * 64 + 64 * 32 + 2 * 32 + 32),
+        2.0 * 2 * 64 * 32,
+    )
     assert gemm_work("aten::mm", [[8, 64], [65, 32]], ["float", "float"]) is None  # inner dims disagree
     assert gemm_work("aten::add", [[8], [8]], ["float", "float"]) is None
     assert gemm_work("aten::mm", [[8, 64], [64, 32]], ["weird", "float"]) is None

@@ -29,10 +29,28 @@ def profiled_trace(steps: int = 3) -> list[dict[str, Any]]:
         events.append({"ph": "X", "cat": "user_annotation", "name": "perfsdk.decode", "ts": t, "dur": 500.0, **HOST})
         for _k in range(10):
             corr += 1
-            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t + 38.0, "dur": 1.0,
-                           **HOST, "args": {"correlation": corr}})
-            events.append({"ph": "X", "cat": "kernel", "name": "void gemv_kernel", "ts": t + 40.0, "dur": 10.0,
-                           **GPU, "args": {"correlation": corr, "stream": 7}})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "ts": t + 38.0,
+                    "dur": 1.0,
+                    **HOST,
+                    "args": {"correlation": corr},
+                }
+            )
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": "void gemv_kernel",
+                    "ts": t + 40.0,
+                    "dur": 10.0,
+                    **GPU,
+                    "args": {"correlation": corr, "stream": 7},
+                }
+            )
             t += 50.0
     return events
 

@@ -12,11 +12,17 @@ from perfsdk.demo.ladder import format_markdown, format_table, short_advice
 
 
 def row(rung: str, kind: str | None, **profile: Any) -> dict[str, Any]:
-    return {"rung": rung, "skipped": None, "change": "one change", "spec": {"dtype": "bfloat16"},
-            "profile": {"captured": True, "kind": kind, "share": 0.9, "gpu_busy": 0.9, **profile},
-            "standalone_b1": {"step_ms_p50": 1.0, "tokens_per_s": 1000.0, "mbu": 0.3, "mbu_calibrated": 0.35},
-            "load": {"output_tokens_per_s": 5000.0, "mbu": 0.25}, "served_b1": {"tokens_per_s": 900.0},
-            "served_over_standalone": 1.0}
+    return {
+        "rung": rung,
+        "skipped": None,
+        "change": "one change",
+        "spec": {"dtype": "bfloat16"},
+        "profile": {"captured": True, "kind": kind, "share": 0.9, "gpu_busy": 0.9, **profile},
+        "standalone_b1": {"step_ms_p50": 1.0, "tokens_per_s": 1000.0, "mbu": 0.3, "mbu_calibrated": 0.35},
+        "load": {"output_tokens_per_s": 5000.0, "mbu": 0.25},
+        "served_b1": {"tokens_per_s": 900.0},
+        "served_over_standalone": 1.0,
+    }
 
 
 @pytest.mark.parametrize("rung", ["eager", "graph", "compile", "int8"])
@@ -33,10 +39,21 @@ def test_next_follows_the_finding_whatever_the_rung(rung: str) -> None:
 
 
 def result(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"settings": {"size": "1b", "device": "cuda", "context": 1024, "num_prompts": 64, "concurrency": 16,
-                         "input_len": "uniform:32-128", "output_len": "128"},
-            "model": {"params": 1.2e9}, "hardware": {"note": "datasheet: NVIDIA H200 SXM 141GB"},
-            "environment": {}, "rungs": rows}
+    return {
+        "settings": {
+            "size": "1b",
+            "device": "cuda",
+            "context": 1024,
+            "num_prompts": 64,
+            "concurrency": 16,
+            "input_len": "uniform:32-128",
+            "output_len": "128",
+        },
+        "model": {"params": 1.2e9},
+        "hardware": {"note": "datasheet: NVIDIA H200 SXM 141GB"},
+        "environment": {},
+        "rungs": rows,
+    }
 
 
 def test_a_utilisation_above_100_percent_is_suspect_not_a_result() -> None:

@@ -103,9 +103,21 @@ NCU_LAUNCHES = 5  # ncu -c: each profiled launch is replayed dozens of times; fi
 
 # element sizes of the type names Kineto records ("Input type")
 _ELEMENT_BYTES: dict[str, int] = {
-    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "c10::Float8_e4m3fn": 1,
-    "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1, "signed char": 1,
-    "unsigned char": 1, "short int": 2, "int": 4, "long int": 8, "bool": 1, "c10::complex<float>": 8,
+    "float": 4,
+    "double": 8,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+    "c10::Float8_e4m3fnuz": 1,
+    "c10::Float8_e5m2fnuz": 1,
+    "signed char": 1,
+    "unsigned char": 1,
+    "short int": 2,
+    "int": 4,
+    "long int": 8,
+    "bool": 1,
+    "c10::complex<float>": 8,
 }
 
 
@@ -134,8 +146,15 @@ class StepCost:
             object.__setattr__(self, name, _check_figure(name, getattr(self, name)))
 
     @classmethod
-    def decode(cls, model: ModelSpec, hardware: HardwareSpec | None, *, batch: int = 1, context_tokens: int = 0,
-               compute_dtype: str | None = None) -> StepCost:
+    def decode(
+        cls,
+        model: ModelSpec,
+        hardware: HardwareSpec | None,
+        *,
+        batch: int = 1,
+        context_tokens: int = 0,
+        compute_dtype: str | None = None,
+    ) -> StepCost:
         """A decode step of *batch* sequences over *context_tokens* context tokens in all (:mod:`perfsdk.budget`)."""
         from perfsdk import budget
 
@@ -145,12 +164,24 @@ class StepCost:
             raise ConfigError("context: the KV-cache bytes need the model's layers, kv_heads and head_dim")
         nbytes = budget.decode_step_bytes(model, context_tokens)
         flops = budget.decode_flops(model, batch, context_tokens)
-        return cls._with_peaks(nbytes, flops, model, hardware, compute_dtype,
-                               f"decode, batch {batch}, context {context_tokens} tokens in all")
+        return cls._with_peaks(
+            nbytes,
+            flops,
+            model,
+            hardware,
+            compute_dtype,
+            f"decode, batch {batch}, context {context_tokens} tokens in all",
+        )
 
     @classmethod
-    def prefill(cls, model: ModelSpec, hardware: HardwareSpec | None, seq_lens: Sequence[int], *,
-                compute_dtype: str | None = None) -> StepCost:
+    def prefill(
+        cls,
+        model: ModelSpec,
+        hardware: HardwareSpec | None,
+        seq_lens: Sequence[int],
+        *,
+        compute_dtype: str | None = None,
+    ) -> StepCost:
         """A prefill of sequences of *seq_lens* new tokens."""
         from perfsdk import budget
 
@@ -163,14 +194,25 @@ class StepCost:
         return cls._with_peaks(nbytes, flops, model, hardware, compute_dtype, f"prefill, {what}")
 
     @classmethod
-    def _with_peaks(cls, nbytes: float, flops: float, model: ModelSpec, hardware: HardwareSpec | None,
-                    compute_dtype: str | None, what: str) -> StepCost:
+    def _with_peaks(
+        cls,
+        nbytes: float,
+        flops: float,
+        model: ModelSpec,
+        hardware: HardwareSpec | None,
+        compute_dtype: str | None,
+        what: str,
+    ) -> StepCost:
         from perfsdk.assembly import default_compute_dtype
 
         name = model.name or "model"
         if hardware is None:
-            return cls(bytes=nbytes, flops=flops, source=f"{name} {what}",
-                       missing="no GPU peaks: give the GPU (--gpu, or Monitor(hardware=...))")
+            return cls(
+                bytes=nbytes,
+                flops=flops,
+                source=f"{name} {what}",
+                missing="no GPU peaks: give the GPU (--gpu, or Monitor(hardware=...))",
+            )
         dtype = compute_dtype or default_compute_dtype(model)
         missing = ""
         try:
@@ -178,14 +220,21 @@ class StepCost:
         except ConfigError as e:
             peak, missing = None, str(e)
         where = hardware.source or "datasheet"
-        return cls(bytes=nbytes, flops=flops, peak_bandwidth=hardware.memory_bandwidth, peak_flops=peak,
-                   source=f"{name} {what}; {hardware.display_name} ({where})", missing=missing)
+        return cls(
+            bytes=nbytes,
+            flops=flops,
+            peak_bandwidth=hardware.memory_bandwidth,
+            peak_flops=peak,
+            source=f"{name} {what}; {hardware.display_name} ({where})",
+            missing=missing,
+        )
 
     @property
     def checkable(self) -> bool:
         """Whether a floor can be computed: bytes with a peak bandwidth, or FLOPs with a peak FLOP/s."""
         return (self.bytes is not None and self.peak_bandwidth is not None) or (
-            self.flops is not None and self.peak_flops is not None)
+            self.flops is not None and self.peak_flops is not None
+        )
 
     def floors_us(self) -> tuple[float | None, float | None]:
         """(memory floor, compute floor) in µs; None where a figure is missing."""
@@ -201,8 +250,14 @@ class StepCost:
         return "no bytes or FLOPs for the step: give the model (--model, or --step-bytes / --step-flops)"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bytes": self.bytes, "flops": self.flops, "peak_bandwidth": self.peak_bandwidth,
-                "peak_flops": self.peak_flops, "source": self.source, "missing": self.missing or None}
+        return {
+            "bytes": self.bytes,
+            "flops": self.flops,
+            "peak_bandwidth": self.peak_bandwidth,
+            "peak_flops": self.peak_flops,
+            "source": self.source,
+            "missing": self.missing or None,
+        }
 
 
 # ---- per-kernel tallies -------------------------------------------------------------------------------
@@ -372,18 +427,27 @@ class KernelRow:
             rate = "; " + ", ".join(parts)
             if self.suspect:
                 rate += " (above the peak: suspect shapes or peak)"
-        return (f"{_short(self.name)} {self.share:.0%} of {basis} ({self.us_per_step:.1f} µs per step, "
-                f"×{self.calls_per_step:g}{rate})")
+        return (
+            f"{_short(self.name)} {self.share:.0%} of {basis} ({self.us_per_step:.1f} µs per step, "
+            f"×{self.calls_per_step:g}{rate})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         def r(x: float | None, n: int = 4) -> float | None:
             return None if x is None else round(x, n)
 
-        return {"name": self.name, "ncu_name": ncu_base_name(self.name), "us_per_step": r(self.us_per_step, 2),
-                "calls_per_step": r(self.calls_per_step, 2), "share": r(self.share),
-                "bandwidth": self.bandwidth, "flop_rate": self.flop_rate,
-                "bandwidth_fraction": r(self.bandwidth_fraction), "flops_fraction": r(self.flops_fraction),
-                "suspect": self.suspect}
+        return {
+            "name": self.name,
+            "ncu_name": ncu_base_name(self.name),
+            "us_per_step": r(self.us_per_step, 2),
+            "calls_per_step": r(self.calls_per_step, 2),
+            "share": r(self.share),
+            "bandwidth": self.bandwidth,
+            "flop_rate": self.flop_rate,
+            "bandwidth_fraction": r(self.bandwidth_fraction),
+            "flops_fraction": r(self.flops_fraction),
+            "suspect": self.suspect,
+        }
 
 
 @dataclass(frozen=True)
@@ -434,13 +498,25 @@ class KernelCheck:
         def r(x: float | None, n: int = 4) -> float | None:
             return None if x is None else round(x, n)
 
-        return {"steps": self.steps, "kernel_us": round(self.kernel_us, 2), "bytes": self.bytes,
-                "flops": self.flops, "floor_us": r(self.floor_us, 2), "bound": self.bound,
-                "utilisation": r(self.utilisation), "suspect": self.suspect,
-                "healthy_fraction": self.healthy_fraction, "achieved_bandwidth": self.achieved_bandwidth,
-                "achieved_flops": self.achieved_flops, "peak_bandwidth": self.peak_bandwidth,
-                "peak_flops": self.peak_flops, "source": self.source, "missing": self.missing,
-                "top_kernels": [k.to_dict() for k in self.top], "ncu": self.ncu}
+        return {
+            "steps": self.steps,
+            "kernel_us": round(self.kernel_us, 2),
+            "bytes": self.bytes,
+            "flops": self.flops,
+            "floor_us": r(self.floor_us, 2),
+            "bound": self.bound,
+            "utilisation": r(self.utilisation),
+            "suspect": self.suspect,
+            "healthy_fraction": self.healthy_fraction,
+            "achieved_bandwidth": self.achieved_bandwidth,
+            "achieved_flops": self.achieved_flops,
+            "peak_bandwidth": self.peak_bandwidth,
+            "peak_flops": self.peak_flops,
+            "source": self.source,
+            "missing": self.missing,
+            "top_kernels": [k.to_dict() for k in self.top],
+            "ncu": self.ncu,
+        }
 
 
 def _kernel_us(s: Any) -> float:
@@ -448,8 +524,9 @@ def _kernel_us(s: Any) -> float:
     return float(max(s.gpu_busy_us - s.copy_us - s.exposed_comm_us, 0.0))
 
 
-def check_kernels(steps: Sequence[Any], phases: Sequence[str], costs: Mapping[str, StepCost],
-                  window_us: float) -> KernelCheck:
+def check_kernels(
+    steps: Sequence[Any], phases: Sequence[str], costs: Mapping[str, StepCost], window_us: float
+) -> KernelCheck:
     """The check over *steps* (``StepStats`` with a GPU window; *phases* theirs), priced by *costs* per phase.
 
     *window_us* is the steps' total window the kernel shares are of (the unprofiled one when corrected).
@@ -487,18 +564,26 @@ def check_kernels(steps: Sequence[Any], phases: Sequence[str], costs: Mapping[st
     if kernel_total <= 0:
         return _missing(base, "no kernel time in these steps")
     return KernelCheck(
-        steps=n, kernel_us=kernel_total / n, bytes=bytes_total / n if have_bytes else None,
-        flops=flops_total / n if have_flops else None, floor_us=floor_total / n,
-        bound="memory" if mem_total >= comp_total else "compute", utilisation=floor_total / kernel_total,
-        peak_bandwidth=peak_bw, peak_flops=peak_fl, source="; ".join(sources), top=rows, ncu=ncu)
+        steps=n,
+        kernel_us=kernel_total / n,
+        bytes=bytes_total / n if have_bytes else None,
+        flops=flops_total / n if have_flops else None,
+        floor_us=floor_total / n,
+        bound="memory" if mem_total >= comp_total else "compute",
+        utilisation=floor_total / kernel_total,
+        peak_bandwidth=peak_bw,
+        peak_flops=peak_fl,
+        source="; ".join(sources),
+        top=rows,
+        ncu=ncu,
+    )
 
 
 def _missing(base: KernelCheck, why: str) -> KernelCheck:
     return KernelCheck(steps=base.steps, kernel_us=base.kernel_us, missing=why, top=base.top, ncu=base.ncu)
 
 
-def top_kernels(steps: Sequence[Any], window_us: float, cost: StepCost | None,
-                n: int = TOP_KERNELS) -> list[KernelRow]:
+def top_kernels(steps: Sequence[Any], window_us: float, cost: StepCost | None, n: int = TOP_KERNELS) -> list[KernelRow]:
     """The *n* kernel names that hold the most time over *steps*, with their share of the step and rates."""
     agg: dict[str, KernelTally] = {}
     for s in steps:
@@ -519,11 +604,18 @@ def top_kernels(steps: Sequence[Any], window_us: float, cost: StepCost | None,
             bw, fl = a.bytes / (a.shaped_us * 1e-6), a.flops / (a.shaped_us * 1e-6)
         peak_bw = cost.peak_bandwidth if cost is not None else None
         peak_fl = cost.peak_flops if cost is not None else None
-        rows.append(KernelRow(
-            name=name, us_per_step=a.us / count, calls_per_step=a.calls / count,
-            share=a.us / window_us if window_us > 0 else 0.0, bandwidth=bw, flop_rate=fl,
-            bandwidth_fraction=bw / peak_bw if bw is not None and peak_bw else None,
-            flops_fraction=fl / peak_fl if fl is not None and peak_fl else None))
+        rows.append(
+            KernelRow(
+                name=name,
+                us_per_step=a.us / count,
+                calls_per_step=a.calls / count,
+                share=a.us / window_us if window_us > 0 else 0.0,
+                bandwidth=bw,
+                flop_rate=fl,
+                bandwidth_fraction=bw / peak_bw if bw is not None and peak_bw else None,
+                flops_fraction=fl / peak_fl if fl is not None and peak_fl else None,
+            )
+        )
     return rows
 
 
@@ -550,12 +642,14 @@ def ncu_command(names: Sequence[str], launches: int = NCU_LAUNCHES) -> str:
         b = re.escape(ncu_base_name(n))
         if b not in bases:
             bases.append(b)
-    return (f"ncu --set full -k regex:'{'|'.join(bases)}' -c {launches} -o perfsdk-kernels "
-            "<the command that starts your server>")
+    return (
+        f"ncu --set full -k regex:'{'|'.join(bases)}' -c {launches} -o perfsdk-kernels "
+        "<the command that starts your server>"
+    )
 
 
 def _short(name: str, limit: int = 72) -> str:
-    return name if len(name) <= limit else name[:limit - 3] + "..."
+    return name if len(name) <= limit else name[: limit - 3] + "..."
 
 
 def _fmt_bytes(b: float) -> str:
@@ -565,8 +659,9 @@ def _fmt_bytes(b: float) -> str:
 # ---- findings -----------------------------------------------------------------------------------------
 
 
-def kernel_findings(check: KernelCheck, working: float, window_us_per_step: float, basis: str,
-                    decode_like: bool) -> list[Finding]:
+def kernel_findings(
+    check: KernelCheck, working: float, window_us_per_step: float, basis: str, decode_like: bool
+) -> list[Finding]:
     """The kernels' finding (at most one): healthy, slow, suspect or unchecked; see the module docstring.
 
     *working*: the share of the step the GPU spent in kernels; *window_us_per_step*: the (basis) step;
@@ -579,56 +674,76 @@ def kernel_findings(check: KernelCheck, working: float, window_us_per_step: floa
         if working < HEALTHY_BUSY_FRACTION:
             return []
         limit = "peak memory bandwidth" if decode_like else "peak FLOP/s"
-        return [Finding(
-            "busy_unchecked", working,
-            f"GPU busy running kernels {working:.0%} of {basis}, but whether they run near the {limit} could "
-            f"not be checked: {check.missing}.{where}",
-            "Give the step's bytes and the GPU (perfsdk analyze TRACE --model NAME --gpu NAME --batch N "
-            "--context N, or --step-bytes B --bandwidth-tb-s X) so the kernels' time can be compared with "
-            "the floor; a busy GPU is not yet a fast one." + (f" To look at the kernels themselves: {check.ncu}"
-                                                             if check.ncu else ""))]
+        return [
+            Finding(
+                "busy_unchecked",
+                working,
+                f"GPU busy running kernels {working:.0%} of {basis}, but whether they run near the {limit} could "
+                f"not be checked: {check.missing}.{where}",
+                "Give the step's bytes and the GPU (perfsdk analyze TRACE --model NAME --gpu NAME --batch N "
+                "--context N, or --step-bytes B --bandwidth-tb-s X) so the kernels' time can be compared with "
+                "the floor; a busy GPU is not yet a fast one."
+                + (f" To look at the kernels themselves: {check.ncu}" if check.ncu else ""),
+            )
+        ]
     assert check.utilisation is not None
     assert check.floor_us is not None
     util = check.utilisation
     rate = rate_text(check)
     if check.suspect:
-        return [Finding(
-            "utilisation_suspect", working,
-            f"the step's kernels would move {rate}: {util:.0%} of the peak, which is impossible, so the peak or "
-            f"the step's bytes/FLOPs are wrong ({check.source}); no verdict on the kernels",
-            "Check the peak (the exact part and its dense figure; perfsdk calibrate measures this machine) and "
-            "the step's bytes and FLOPs (model, dtype, batch, context) before trusting any utilisation.")]
+        return [
+            Finding(
+                "utilisation_suspect",
+                working,
+                f"the step's kernels would move {rate}: {util:.0%} of the peak, which is impossible, so the peak or "
+                f"the step's bytes/FLOPs are wrong ({check.source}); no verdict on the kernels",
+                "Check the peak (the exact part and its dense figure; perfsdk calibrate measures this machine) and "
+                "the step's bytes and FLOPs (model, dtype, batch, context) before trusting any utilisation.",
+            )
+        ]
     healthy = check.healthy_fraction or 0.0
     if util >= healthy:
         if working < HEALTHY_BUSY_FRACTION:
             return []
         if check.bound == "compute":
-            return [Finding(
-                "compute_bound", working,
-                f"GPU busy running kernels {working:.0%} of {basis}; they do {rate}: {util:.0%} of the peak "
+            return [
+                Finding(
+                    "compute_bound",
+                    working,
+                    f"GPU busy running kernels {working:.0%} of {basis}; they do {rate}: {util:.0%} of the peak "
+                    f"(healthy from {healthy:.0%}; {check.source})",
+                    "Healthy prefill: the GPU is busy doing math near its peak. Next: lower precision (FP8), fused "
+                    "attention kernels, or fewer FLOPs (prefix caching, shorter prompts).",
+                )
+            ]
+        return [
+            Finding(
+                "memory_bound",
+                working,
+                f"GPU busy running kernels {working:.0%} of {basis}; they read {rate}: {util:.0%} of the peak "
                 f"(healthy from {healthy:.0%}; {check.source})",
-                "Healthy prefill: the GPU is busy doing math near its peak. Next: lower precision (FP8), fused "
-                "attention kernels, or fewer FLOPs (prefix caching, shorter prompts).")]
-        return [Finding(
-            "memory_bound", working,
-            f"GPU busy running kernels {working:.0%} of {basis}; they read {rate}: {util:.0%} of the peak "
-            f"(healthy from {healthy:.0%}; {check.source})",
-            "Healthy decode: the kernels read the weights and KV cache near the peak bandwidth. Next: read "
-            "fewer bytes per token (quantised weights or KV cache) or batch more requests per step.")]
+                "Healthy decode: the kernels read the weights and KV cache near the peak bandwidth. Next: read "
+                "fewer bytes per token (quantised weights or KV cache) or batch more requests per step.",
+            )
+        ]
     lost = max(check.kernel_us - check.floor_us, 0.0)
     share = lost / window_us_per_step if window_us_per_step > 0 else 0.0
     if share < SLOW_KERNELS_MIN_SHARE:
         return []
     verb = "read" if check.bound == "memory" else "do"
-    return [Finding(
-        "slow_kernels", share,
-        f"the kernels ({working:.0%} of {basis}) {verb} {rate}: {util:.0%} of the peak, below the "
-        f"{healthy:.0%} a healthy step reaches; at the peak they would take {check.floor_us / 1000:.3f} ms "
-        f"({check.source}).{where}",
-        f"Zoom in on these kernels with Nsight Compute (it replays each kernel to read its counters: use it to "
-        f"understand them, never to time the server): {check.ncu}. Low DRAM throughput with low occupancy "
-        "points at launch configuration or tiny shapes (batch more); high memory stalls at access patterns; "
-        "a fused or better-tuned kernel (torch.compile, a Triton or CUTLASS kernel) moves the same bytes faster.")]
+    return [
+        Finding(
+            "slow_kernels",
+            share,
+            f"the kernels ({working:.0%} of {basis}) {verb} {rate}: {util:.0%} of the peak, below the "
+            f"{healthy:.0%} a healthy step reaches; at the peak they would take {check.floor_us / 1000:.3f} ms "
+            f"({check.source}).{where}",
+            f"Zoom in on these kernels with Nsight Compute (it replays each kernel to read its counters: use it to "
+            f"understand them, never to time the server): {check.ncu}. Low DRAM throughput with low occupancy "
+            "points at launch configuration or tiny shapes (batch more); high memory stalls at access patterns; "
+            "a fused or better-tuned kernel (torch.compile, a Triton or CUTLASS kernel) moves the same bytes faster.",
+        )
+    ]
 
 
 def rate_text(check: KernelCheck) -> str:
@@ -636,10 +751,14 @@ def rate_text(check: KernelCheck) -> str:
     secs = check.kernel_us / 1000
     if check.bound == "compute" and check.flops is not None and check.peak_flops:
         done = check.achieved_flops or 0.0
-        return (f"{check.flops / 1e12:.2f} TFLOP per step in {secs:.3f} ms of kernels = {done / 1e12:.0f} of "
-                f"{check.peak_flops / 1e12:.0f} TFLOP/s")
+        return (
+            f"{check.flops / 1e12:.2f} TFLOP per step in {secs:.3f} ms of kernels = {done / 1e12:.0f} of "
+            f"{check.peak_flops / 1e12:.0f} TFLOP/s"
+        )
     if check.bytes is not None and check.peak_bandwidth:
         done = check.achieved_bandwidth or 0.0
-        return (f"{_fmt_bytes(check.bytes)} per step in {secs:.3f} ms of kernels = {done / 1e12:.2f} of "
-                f"{check.peak_bandwidth / 1e12:.2f} TB/s")
+        return (
+            f"{_fmt_bytes(check.bytes)} per step in {secs:.3f} ms of kernels = {done / 1e12:.2f} of "
+            f"{check.peak_bandwidth / 1e12:.2f} TB/s"
+        )
     return f"its work in {secs:.3f} ms of kernels"

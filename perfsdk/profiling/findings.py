@@ -29,8 +29,12 @@ class Finding:
     suggestion: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "share": round(self.share, 4), "evidence": self.evidence,
-                "suggestion": self.suggestion}
+        return {
+            "kind": self.kind,
+            "share": round(self.share, 4),
+            "evidence": self.evidence,
+            "suggestion": self.suggestion,
+        }
 
 
 def findings_lines(findings: list[Finding], if_none: str, basis: str = "step time") -> list[str]:

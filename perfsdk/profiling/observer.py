@@ -82,20 +82,31 @@ class Unprofiled:
         object.__setattr__(self, "step_us", float(v))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step_us": round(self.step_us, 2), "steps": self.steps, "batch": self.batch, "source": self.source,
-                "bytes": self.bytes}
+        return {
+            "step_us": round(self.step_us, 2),
+            "steps": self.steps,
+            "batch": self.batch,
+            "source": self.source,
+            "bytes": self.bytes,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Unprofiled:
-        return cls(step_us=float(d["step_us"]), steps=int(d.get("steps") or 0), batch=d.get("batch"),
-                   source=str(d.get("source") or ""), bytes=d.get("bytes"))
+        return cls(
+            step_us=float(d["step_us"]),
+            steps=int(d.get("steps") or 0),
+            batch=d.get("batch"),
+            source=str(d.get("source") or ""),
+            bytes=d.get("bytes"),
+        )
 
 
 class StepReference:
     """Recent unprofiled step times per (phase, batch); thread-safe (one writer, any reader)."""
 
-    def __init__(self, steps: int = REFERENCE_STEPS, min_steps: int = REFERENCE_MIN_STEPS,
-                 max_age_s: float = REFERENCE_MAX_AGE_S) -> None:
+    def __init__(
+        self, steps: int = REFERENCE_STEPS, min_steps: int = REFERENCE_MIN_STEPS, max_age_s: float = REFERENCE_MAX_AGE_S
+    ) -> None:
         self._steps, self._min, self._max_age = steps, min_steps, max_age_s
         self._lock = threading.Lock()
         self._by_key: OrderedDict[tuple[str, int], deque[tuple[float, float, float | None]]] = OrderedDict()
@@ -122,13 +133,18 @@ class StepReference:
         with self._lock:
             recent = [e for e in self._by_key.get((phase, batch), ()) if now - e[0] <= self._max_age]
         if len(recent) < self._min:
-            return None, (f"{len(recent)} unprofiled {phase} steps at batch {batch} in the last "
-                          f"{self._max_age:.0f} s (a reference needs {self._min})")
+            return None, (
+                f"{len(recent)} unprofiled {phase} steps at batch {batch} in the last "
+                f"{self._max_age:.0f} s (a reference needs {self._min})"
+            )
         nbytes = [e[2] for e in recent if e[2] is not None]
         return Unprofiled(
-            step_us=statistics.median(e[1] for e in recent) * 1e6, steps=len(recent), batch=batch,
+            step_us=statistics.median(e[1] for e in recent) * 1e6,
+            steps=len(recent),
+            batch=batch,
             source=f"perfsdk's step timer: median of {len(recent)} unprofiled {phase} steps at batch {batch}",
-            bytes=statistics.median(nbytes) if len(nbytes) == len(recent) else None), ""
+            bytes=statistics.median(nbytes) if len(nbytes) == len(recent) else None,
+        ), ""
 
 
 def correct_step(step: Any, ref: Unprofiled, has_gpu: bool) -> Any:
@@ -142,14 +158,23 @@ def correct_step(step: Any, ref: Unprofiled, has_gpu: bool) -> Any:
         idle = window - busy
         f = (new_window - busy) / idle if idle > 0 else 0.0
         return dataclasses.replace(
-            step, gpu_end_us=step.gpu_start_us + new_window, idle_launch_wait_us=step.idle_launch_wait_us * f,
-            idle_after_sync_us=step.idle_after_sync_us * f, idle_other_us=step.idle_other_us * f)
+            step,
+            gpu_end_us=step.gpu_start_us + new_window,
+            idle_launch_wait_us=step.idle_launch_wait_us * f,
+            idle_after_sync_us=step.idle_after_sync_us * f,
+            idle_other_us=step.idle_other_us * f,
+        )
     if step.host_dur_us <= 0:
         return step
     f = ref.step_us / step.host_dur_us
     return dataclasses.replace(
-        step, host_dur_us=ref.step_us, host_comm_us=step.host_comm_us * f, host_read_us=step.host_read_us * f,
-        sync_blocked_us=step.sync_blocked_us * f, category_us={c: v * f for c, v in step.category_us.items()})
+        step,
+        host_dur_us=ref.step_us,
+        host_comm_us=step.host_comm_us * f,
+        host_read_us=step.host_read_us * f,
+        sync_blocked_us=step.sync_blocked_us * f,
+        category_us={c: v * f for c, v in step.category_us.items()},
+    )
 
 
 def observer_summary(measured: Sequence[Any], ref: Unprofiled, has_gpu: bool, phase: str) -> dict[str, Any]:
@@ -165,15 +190,23 @@ def observer_summary(measured: Sequence[Any], ref: Unprofiled, has_gpu: bool, ph
     inflation = profiled / ref.step_us if profiled > 0 else None
     note = None
     if has_gpu and busy > ref.step_us:
-        note = (f"the kernels alone ran {busy / 1000:.3f} ms per step, longer than the unprofiled "
-                f"{ref.step_us / 1000:.3f} ms step: the reference is not the same step (another batch or "
-                "context?); shares are of the kernels' time")
+        note = (
+            f"the kernels alone ran {busy / 1000:.3f} ms per step, longer than the unprofiled "
+            f"{ref.step_us / 1000:.3f} ms step: the reference is not the same step (another batch or "
+            "context?); shares are of the kernels' time"
+        )
     elif inflation is not None and inflation < 1:
-        note = ("profiled steps were faster than the unprofiled reference: it may not be the same step "
-                "(another batch or context?)")
-    return {"phase": phase, "steps": len(steps), "profiled_step_us": round(profiled, 2),
-            "profiled_host_step_us": round(statistics.fmean(s.host_dur_us for s in measured), 2) if measured
-            else None,
-            "unprofiled_step_us": round(ref.step_us, 2),
-            "inflation": None if inflation is None else round(inflation, 3),
-            "reference": ref.to_dict(), "note": note}
+        note = (
+            "profiled steps were faster than the unprofiled reference: it may not be the same step "
+            "(another batch or context?)"
+        )
+    return {
+        "phase": phase,
+        "steps": len(steps),
+        "profiled_step_us": round(profiled, 2),
+        "profiled_host_step_us": round(statistics.fmean(s.host_dur_us for s in measured), 2) if measured else None,
+        "unprofiled_step_us": round(ref.step_us, 2),
+        "inflation": None if inflation is None else round(inflation, 3),
+        "reference": ref.to_dict(),
+        "note": note,
+    }
