@@ -41,6 +41,13 @@ no bytes or peak were given (``cost=``; ``perfsdk analyze --model/--gpu/--batch/
     from perfsdk.profiling.bandwidth import StepCost
     diag = analyze_trace(path, cost=StepCost.decode(spec, hw, batch=1, context_tokens=1024))
 
+The thresholds (``LAUNCH_BOUND_MIN_SHARE`` and the others below, each with its reason beside it; the
+kernel check's in :mod:`perfsdk.profiling.bandwidth`): a finding needs a tenth of the step (launch gaps,
+exposed collectives, slow kernels' lost time), a twentieth for copies (a cheap, certain fix), half a sync
+per step. Healthy needs the GPU in kernels 80 % of the step *and* the kernels at 60 % of the datasheet
+bandwidth (a tuned copy reaches ~85 %, a compiled decode's GEMVs 70-85 %) or 50 % of the dense peak FLOP/s
+(a large GEMM reaches 75-80 %, a whole prefill 50-65 %); above 100 % is impossible and called suspect.
+
 **The profiler's own slowdown.** A profiled step is slower than the same step unprofiled; its kernels
 are not. Given the unprofiled step time (``unprofiled=Unprofiled(step_us=...)``, ``perfsdk analyze
 --unprofiled-ms``; perfsdk's window supplies its own), every share is of the unprofiled step, and the
