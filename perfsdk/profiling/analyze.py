@@ -91,12 +91,12 @@ from perfsdk.profiling.bandwidth import (
     StepCost,
     check_kernels,
     kernel_findings,
-    rate_text,
+    kernel_lines,
     tally_kernels,
 )
 from perfsdk.profiling.categories import CATEGORIES, categorize, categorize_cpu_op
 from perfsdk.profiling.findings import Finding, findings_lines
-from perfsdk.profiling.observer import Unprofiled, correct_step, observer_summary
+from perfsdk.profiling.observer import Unprofiled, correct_step, observer_lines, observer_summary
 from perfsdk.profiling.trace_events import Event, Trace, load_trace
 
 __all__ = [
@@ -427,7 +427,7 @@ class Diagnosis:
         basis = self.basis_label
         lines = [f"{name}: {len(self.steps)} step(s) from {self.step_source}, "
                  f"mean {s['profiled_step_time_us_mean'] / 1000:.3f} ms profiled"]
-        lines.extend(self._observer_lines())
+        lines.extend(observer_lines(self.observer, self.unprofiled_note, self.has_gpu, self.corrected))
         busy = self.gpu_busy_fraction
         if not self.has_gpu:
             lines.append("  no GPU events in this trace (CPU-only profile): host-side findings only")
@@ -452,47 +452,14 @@ class Diagnosis:
             cats = ", ".join(f"{c} {v:.0%}" for c, v in
                              sorted(s["category_shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
             lines.append(f"  GPU time by category: {cats or '-'}")
-            lines.extend(self._kernel_lines())
+            if self.kernel_check is not None:  # the kernels that a finding does not already list
+                listed = any(f.kind in ("slow_kernels", "busy_unchecked") for f in self.findings)
+                lines.extend(kernel_lines(self.kernel_check, basis, show_top=not listed))
             if s["communication_us_mean"]:
                 lines.append(f"  in collectives, not overlapped: {s['communication_share']:.0%} of {basis} "
                              f"({s['communication_us_mean'] / 1000:.3f} ms per step, waits for other ranks included)")
         lines.extend(findings_lines(self.findings, "none above thresholds", basis))
         return "\n".join(lines)
-
-    def _observer_lines(self) -> list[str]:
-        if not self.observer:
-            why = self.unprofiled_note or "none given: perfsdk analyze --unprofiled-ms MS"
-            return [f"  no unprofiled step time to compare with ({why}): shares are of the profiled step, "
-                    "which the profiler itself slows"]
-        out = []
-        for phase, o in self.observer.items():
-            infl = o["inflation"]
-            ref = o["reference"]
-            txt = (f"  profiling inflated {phase} steps {infl:.2f}x: {o['profiled_step_us'] / 1000:.3f} ms profiled "
-                   f"against {o['unprofiled_step_us'] / 1000:.3f} ms unprofiled ({ref['source'] or 'given'})"
-                   if infl is not None else f"  {phase} steps: no profiled step time to compare")
-            cpu = "" if self.has_gpu else " (CPU-only: unchanged)"
-            out.append(f"{txt}; shares are of the unprofiled step{cpu}")
-            if o.get("note"):
-                out.append(f"  note: {o['note']}")
-        if not self.corrected:
-            out.append(f"  other steps: no unprofiled reference ({self.unprofiled_note or 'none given'}), "
-                       "shares of the profiled step")
-        return out
-
-    def _kernel_lines(self) -> list[str]:
-        kc = self.kernel_check
-        if kc is None:
-            return []
-        if kc.utilisation is None:
-            lines = [f"  kernels against the peak: not checked ({kc.missing})"]
-        else:
-            verdict = ("above the peak: impossible, a figure is wrong" if kc.suspect else
-                       f"{kc.bound}-bound; healthy from {kc.healthy_fraction:.0%}")
-            lines = [f"  kernels: {rate_text(kc)}: {kc.utilisation:.0%} of the peak ({verdict})"]
-        if kc.top and not any(f.kind in ("slow_kernels", "busy_unchecked") for f in self.findings):  # they list them
-            lines.append("  top kernels: " + "; ".join(r.describe(self.basis_label) for r in kc.top[:3]))
-        return lines
 
 
 # --- steps ------------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ __all__ = [
     "check_kernels",
     "gemm_work",
     "kernel_findings",
+    "kernel_lines",
     "ncu_base_name",
     "ncu_command",
     "rate_text",
@@ -762,3 +763,19 @@ def rate_text(check: KernelCheck) -> str:
             f"{check.peak_bandwidth / 1e12:.2f} TB/s"
         )
     return f"its work in {secs:.3f} ms of kernels"
+
+
+def kernel_lines(check: KernelCheck, basis: str, show_top: bool = True) -> list[str]:
+    """The report's lines on the kernels against the peak, and (*show_top*) the kernels that hold the time."""
+    if check.utilisation is None:
+        lines = [f"  kernels against the peak: not checked ({check.missing})"]
+    else:
+        verdict = (
+            "above the peak: impossible, a figure is wrong"
+            if check.suspect
+            else f"{check.bound}-bound; healthy from {check.healthy_fraction:.0%}"
+        )
+        lines = [f"  kernels: {rate_text(check)}: {check.utilisation:.0%} of the peak ({verdict})"]
+    if check.top and show_top:
+        lines.append("  top kernels: " + "; ".join(r.describe(basis) for r in check.top[:3]))
+    return lines

@@ -51,6 +51,7 @@ __all__ = [
     "StepReference",
     "Unprofiled",
     "correct_step",
+    "observer_lines",
     "observer_summary",
 ]
 
@@ -210,3 +211,30 @@ def observer_summary(measured: Sequence[Any], ref: Unprofiled, has_gpu: bool, ph
         "reference": ref.to_dict(),
         "note": note,
     }
+
+
+def observer_lines(observer: Mapping[str, Mapping[str, Any]], note: str, has_gpu: bool, corrected: bool) -> list[str]:
+    """The report's lines on the profiler's inflation (or on its absence: shares of the profiled step)."""
+    if not observer:
+        why = note or "none given: perfsdk analyze --unprofiled-ms MS"
+        return [
+            f"  no unprofiled step time to compare with ({why}): shares are of the profiled step, "
+            "which the profiler itself slows"
+        ]
+    out = []
+    for phase, o in observer.items():
+        infl, ref = o["inflation"], o["reference"]
+        if infl is None:
+            out.append(f"  {phase} steps: no profiled step time to compare")
+            continue
+        cpu = "" if has_gpu else " (CPU-only: unchanged)"
+        out.append(
+            f"  profiling inflated {phase} steps {infl:.2f}x: {o['profiled_step_us'] / 1000:.3f} ms profiled "
+            f"against {o['unprofiled_step_us'] / 1000:.3f} ms unprofiled ({ref['source'] or 'given'}); "
+            f"shares are of the unprofiled step{cpu}"
+        )
+        if o.get("note"):
+            out.append(f"  note: {o['note']}")
+    if not corrected:
+        out.append(f"  other steps: no unprofiled reference ({note or 'none given'}), shares of the profiled step")
+    return out

@@ -657,11 +657,15 @@ class ProfilerWindow:
             return StepCost(peak_bandwidth=hw.memory_bandwidth,
                             missing="no unprofiled decode steps at this batch were priced before the window, so "
                                     "the step's bytes are unknown")
+        from perfsdk import budget
+
+        # the bytes are the core's own (what MBU divided); the context, recovered from them, prices the FLOPs
         context = 0
         if model.has_attention_shape:
-            context = max(round((ref.bytes - model.weight_bytes) / model.kv_bytes_per_token), 0)
+            weights = budget.decode_step_bytes(model, 0)
+            context = max(round((ref.bytes - weights) / model.kv_bytes_per_token), 0)
         cost = StepCost.decode(model, hw, batch=ref.batch, context_tokens=context, compute_dtype=self._compute_dtype)
-        return StepCost(bytes=cost.bytes, flops=cost.flops, peak_bandwidth=cost.peak_bandwidth,
+        return StepCost(bytes=ref.bytes, flops=cost.flops, peak_bandwidth=cost.peak_bandwidth,
                         peak_flops=cost.peak_flops, missing=cost.missing,
                         source=f"{cost.source}, as the unprofiled steps before the window")
 
