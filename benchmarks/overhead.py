@@ -557,7 +557,10 @@ def profiler_window(model: Model, spec: ModelSpec, hw: Any, ctx: int, holder: li
                      "trace": os.path.basename(res.trace) if res and res.trace else None,
                      "steady": res.steady if res else None,
                      "gpu_busy_fraction": d.get("gpu_busy_fraction"),
-                     "findings": [f.get("kind") for f in d.get("findings", [])] if isinstance(d, dict) else None}
+                     "findings": [f.get("kind") for f in d.get("findings", [])] if isinstance(d, dict) else None,
+                     # the profiler's inflation and the shares' basis (issue 19): against the unprofiled step
+                     "observer": d.get("observer"), "unprofiled_note": d.get("unprofiled_note"),
+                     "kernel_utilisation": (d.get("kernel_check") or {}).get("utilisation")}
         print(f"== profiler window ({name}):", json.dumps(out[name]), flush=True)
         mon.close()
     return out

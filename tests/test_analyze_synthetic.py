@@ -92,7 +92,8 @@ def test_cuda_graph_replay_is_busy_and_not_launch_bound() -> None:
     d = analyze_trace(b.events)
     kinds = [f.kind for f in d.findings]
     assert "launch_bound" not in kinds
-    assert kinds[0] == "memory_bound"  # perfsdk.decode steps, GPU busy: healthy decode
+    # busy, but no bytes or peak were given: not called healthy (tests/test_analyze_bandwidth.py has the check)
+    assert kinds[0] == "busy_unchecked"
     assert d.gpu_busy_fraction is not None
     assert d.gpu_busy_fraction >= 0.85
     assert d.steps[0].graph_launches == 1
@@ -154,13 +155,14 @@ def test_exposed_all_reduce_is_communication_bound() -> None:
     assert comm.share == pytest.approx(60.0 / 140.0, abs=0.01)
 
 
-def test_prefill_step_busy_is_compute_bound() -> None:
+def test_prefill_step_busy_is_unchecked_without_flops_and_worded_as_prefill() -> None:
     b = Builder()
     b.step("perfsdk.prefill", 0.0, 10.0)
     for k in range(4):
         b.kernel_launched(5.0 + 300.0 * k, 299.0, launch_at=float(k), name="sm90_xmma_gemm_bf16bf16_bf16f32")
     d = analyze_trace(b.events)
-    assert [f.kind for f in d.findings] == ["compute_bound"]
+    assert [f.kind for f in d.findings] == ["busy_unchecked"]
+    assert "peak FLOP/s" in d.findings[0].evidence
 
 
 def test_profiler_steps_used_without_perfsdk_ranges_and_whole_trace_without_any() -> None:

@@ -262,3 +262,24 @@ def test_without_msgspec_the_standard_library_gives_the_same_diagnosis(path: Pat
     proc = subprocess.run([sys.executable, "-c", _WITHOUT_MSGSPEC, str(path)], capture_output=True, text=True,
                           timeout=120, check=True)
     assert json.loads(proc.stdout) == analyze_trace(path).to_dict()
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_recorded_shapes_of_matrix_products_are_kept(tmp_path: Path, parser: te.Parser) -> None:
+    """torch.profiler(record_shapes=True) writes "Input Dims" / "Input type": kept for the matrix products
+    (what perfsdk.profiling.bandwidth prices kernels from), dropped for every other operator."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import profile, record_function
+
+    x, w, b = torch.randn(8, 64), torch.randn(32, 64), torch.randn(32)
+    with profile(record_shapes=True) as prof, record_function("perfsdk.decode"):
+        torch.nn.functional.linear(x, w, b).relu()
+        torch.bmm(torch.randn(2, 3, 4), torch.randn(2, 4, 5))
+    path = tmp_path / "shapes.json"
+    prof.export_chrome_trace(str(path))
+    trace = load_trace(path, parser=parser)
+    shaped = {e.name: (e.input_dims, e.input_types) for e in trace.cpu_ops if e.input_dims is not None}
+    assert shaped["aten::linear"] == (((8, 64), (32, 64), (32,)), ("float", "float", "float"))
+    assert shaped["aten::bmm"] == (((2, 3, 4), (2, 4, 5)), ("float", "float"))
+    assert "aten::relu" not in shaped and set(shaped) <= te.SHAPED_OPS
+    assert trace.cpu_ops == _reference(path).cpu_ops  # the streamed reading keeps the same shapes

@@ -575,3 +575,168 @@ def test_enable_profiler_again_replaces_the_window_and_stats_report_it(tmp_path:
         with pytest.raises(ConfigError):
             h.monitor.enable_profiler(steps=0)
         assert h.monitor._window is second  # a bad setting leaves the working window in place
+
+
+# ---- against the unprofiled step, and the kernels against the peak -----------------------------------------
+
+
+def fixture_model() -> perfsdk.ModelSpec:
+    """benchmarks/gpu_traces.py's model (the H200 fixtures'): 2 layers, hidden 2048, 16 heads, 4 KV heads, bf16."""
+    hidden, ffn, vocab = 2048, 5632, 32000
+    per_layer = 24 * 128 * hidden + hidden * hidden + 2 * ffn * hidden + hidden * ffn + 2 * hidden
+    params = 2 * per_layer + vocab * hidden + 2 * hidden
+    return perfsdk.ModelSpec(params=params, weight_bytes=2.0 * params, layers=2, heads=16, kv_heads=4, head_dim=128)
+
+
+def test_the_window_diagnoses_against_the_unprofiled_steps_the_monitor_timed(tmp_path: Path) -> None:
+    """The vLLM case: steps of 2.09 ms unprofiled, a profiled trace of slower steps. The real Monitor's own
+    decode steps (through its core, collector and the window's feed) are the reference; the diagnosis of the
+    real H200 trace reports the inflation and its shares are of the 2.09 ms step."""
+    from perfsdk.hardware import get
+
+    h200 = get("h200")
+    m = perfsdk.Monitor(model=fixture_model(), hardware=h200, registry=CollectorRegistry(), otel=False, nvtx=False,
+                        timing="host", poll_interval=0.002)
+    try:
+        w = m.enable_profiler(directory=tmp_path, min_free_mb=0)
+        for _ in range(40):
+            m.record_step("decode", 0.00209, batch=1, context_tokens=512)
+            m.record_step("decode", 0.00400, batch=4, context_tokens=4 * 512)
+        assert m.flush()
+        trace = tmp_path / "h200_eager.pt.trace.json.gz"
+        shutil.copy(DATA / "h200_eager.pt.trace.json.gz", trace)
+        d, dpath, line = w.diagnose(str(trace), capture={"batch": 1})
+    finally:
+        m.close()
+    measured = analyze_trace(trace)
+    busy_us = sum(s.gpu_busy_us for s in measured.steps) / len(measured.steps)
+    window_us = sum(s.gpu_window_us for s in measured.steps) / len(measured.steps)
+    obs = d["observer"]["decode"]
+    assert obs["unprofiled_step_us"] == pytest.approx(2090.0)
+    assert obs["reference"]["batch"] == 1 and obs["reference"]["steps"] == 40
+    assert obs["inflation"] == pytest.approx(window_us / 2090.0, abs=1e-3)
+    assert d["gpu_busy_fraction"] == pytest.approx(busy_us / 2090.0, abs=1e-4)  # not busy_us / window_us
+    assert d["basis"] == "the unprofiled step"
+    assert d["findings"][0]["kind"] == "launch_bound"
+    assert d["findings"][0]["share"] == pytest.approx(1 - busy_us / 2090.0, abs=0.01)
+    assert f"of the unprofiled 2.09 ms step, GPU busy {busy_us / 2090.0:.0%}" in line
+    assert f"profiling inflated steps {window_us / 2090.0:.1f}x" in line
+    # the bytes a step must read come back from the Monitor's own MBU of those steps: the fixture's model at
+    # batch 1 over a 512-token cache, checked against the H200's bandwidth
+    kc = d["kernel_check"]
+    assert kc["bytes"] == pytest.approx(fixture_model().weight_bytes + fixture_model().kv_bytes_per_token * 512)
+    assert kc["peak_bandwidth"] == h200.memory_bandwidth and kc["bound"] == "memory"
+    assert kc["utilisation"] < 0.6 and "batch 1, context 512" in kc["source"]
+    saved = json.loads(Path(dpath).read_text())
+    assert saved["observer"]["decode"]["inflation"] == obs["inflation"]
+    assert "profiling inflated decode steps" in saved["report"]
+
+
+def test_the_window_graph_trace_with_a_model_is_slow_kernels_not_healthy(tmp_path: Path) -> None:
+    from perfsdk.hardware import get
+
+    m = perfsdk.Monitor(model=fixture_model(), hardware=get("h200"), registry=CollectorRegistry(), otel=False,
+                        nvtx=False, timing="host", poll_interval=0.002)
+    try:
+        w = m.enable_profiler(directory=tmp_path, min_free_mb=0)
+        for _ in range(20):
+            m.record_step("decode", 0.00025, batch=1, context_tokens=512)
+        assert m.flush()
+        trace = tmp_path / "h200_cuda_graph.pt.trace.json.gz"
+        shutil.copy(DATA / "h200_cuda_graph.pt.trace.json.gz", trace)
+        d, _, line = w.diagnose(str(trace), capture={"batch": 1})
+    finally:
+        m.close()
+    assert d["findings"][0]["kind"] == "slow_kernels"
+    assert "memory_bound" not in [f["kind"] for f in d["findings"]]
+    assert line.startswith("perfsdk profile: slow_kernels (")
+    assert "ncu --set full -k regex:'nvjet_sm90" in d["findings"][0]["suggestion"]
+
+
+def test_a_real_capture_reports_its_inflation_against_the_loops_unprofiled_steps(mon: perfsdk.Monitor,
+                                                                                  tmp_path: Path) -> None:
+    w = mon.enable_profiler(**fast_window(tmp_path))
+    with DecodeLoop(mon, batch=2):
+        result = w.trigger().wait(60)
+    assert result is not None and result.error is None, result
+    d = result.diagnosis or {}
+    obs = d["observer"]["decode"]
+    ref = obs["reference"]
+    assert ref["batch"] == 2 and ref["steps"] >= 8 and "median of" in ref["source"]
+    assert ref["step_us"] >= 2000.0  # every step of the loop sleeps 2 ms
+    assert obs["inflation"] == pytest.approx(obs["profiled_step_us"] / obs["unprofiled_step_us"], abs=1e-3)
+    assert "profiling inflated steps" in (result.verdict or "")
+    assert "shares are of the unprofiled step" in d["report"]
+    saved = json.loads(Path(result.diagnosis_path or "").read_text())
+    assert saved["capture"]["unprofiled"]["batch"] == 2  # taken when the window opened
+
+
+def test_without_an_unprofiled_reference_the_verdict_says_so(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    import torch
+
+    w = mon.enable_profiler(**fast_window(tmp_path))
+    x = torch.ones(4)
+    h = mon.profile(steps=2, steady=False)  # before any step: nothing to compare with
+    for _ in range(5):
+        with mon.decode(batch=1):
+            x.mul_(1.0)
+    result = h.wait(60)
+    assert result is not None and result.error is None, result
+    d = result.diagnosis or {}
+    assert d["observer"] is None
+    assert "no unprofiled decode step seen yet" in d["unprofiled_note"]
+    assert "no unprofiled reference: no unprofiled decode step seen yet" in (result.verdict or "")
+    assert "no unprofiled step time to compare with" in d["report"]
+    assert w.state == "idle"
+
+
+def decode_and_prefill_trace() -> list[dict[str, Any]]:
+    """Three decode steps replaying a CUDA graph (50 µs of kernels, then 50 µs waiting for the host) and,
+    between them, one eager prefill (20 small kernels, each launched after the GPU ran dry)."""
+    host, gpu = {"pid": 1, "tid": 1}, {"pid": 0, "tid": 7}
+    events: list[dict[str, Any]] = []
+    corr = 0
+
+    def launch(name: str, at: float, kernel: str, start: float, dur: float) -> None:
+        nonlocal corr
+        corr += 1
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "ts": at, "dur": 1.0, **host,
+                       "args": {"correlation": corr}})
+        events.append({"ph": "X", "cat": "kernel", "name": kernel, "ts": start, "dur": dur, **gpu,
+                       "args": {"correlation": corr, "stream": 7}})
+
+    t = 0.0
+    for i in range(3):
+        events.append({"ph": "X", "cat": "user_annotation", "name": "perfsdk.decode", "ts": t, "dur": 5.0, **host})
+        launch("cudaGraphLaunch", t + 1.0, "void gemv_kernel", t + 3.0, 50.0)
+        t += 100.0
+        if i == 0:
+            events.append({"ph": "X", "cat": "user_annotation", "name": "perfsdk.prefill", "ts": t, "dur": 2000.0,
+                           **host})
+            for k in range(20):
+                launch("cudaLaunchKernel", t + 100.0 * k + 80.0, "void elementwise_kernel", t + 100.0 * k + 82.0, 5.0)
+            t += 2000.0
+    return events
+
+
+def test_the_window_verdict_is_about_its_decode_steps_not_a_prefill_it_caught(mon: perfsdk.Monitor,
+                                                                               tmp_path: Path) -> None:
+    from perfsdk.demo.ladder import _profile, short_advice
+    from perfsdk.profiling.window import CaptureResult
+
+    trace = tmp_path / "mixed.pt.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": decode_and_prefill_trace()}, f)
+    w = mon.enable_profiler(directory=tmp_path, min_free_mb=0)
+    d, _, line = w.diagnose(str(trace), capture={"batch": 1})
+    assert d["step_count"] == 3 and d["phase"] == "decode"
+    assert [s["name"] for s in d["other_steps"]] == ["perfsdk.prefill"]
+    assert d["findings"][0]["kind"] == "launch_bound"
+    assert d["summary"]["graph_launches_per_step"] == 1  # the decode steps replay a graph ...
+    assert "already replays a CUDA graph" in d["findings"][0]["suggestion"]  # ... so graphs are not the advice
+    assert "already replays a CUDA graph" in line or "move the host work" in line
+    # the ladder's table takes the same verdict, and its "next" follows it
+    row = {"rung": "graph", "profile": _profile(CaptureResult(id=1, mode="torch", trigger="ladder", steady=True,
+                                                              steps=3, trace=str(trace), diagnosis=d))}
+    assert row["profile"]["kind"] == "launch_bound"
+    assert short_advice(row) == "overlap host work, batch more"

@@ -9,14 +9,32 @@
     perfsdk analyze rank0.pt.trace.json.gz rank1.pt.trace.json.gz   # one trace per rank: the straggler,
                                                                     # who waits in collectives (profiling/ranks.py)
 
+    # are the kernels fast? the bytes a step must read over its kernels' time, against the peak
+    perfsdk analyze decode.pt.trace.json.gz --model llama-3-8b --gpu h200-sxm --batch 1 --context 1024
+    perfsdk analyze decode.pt.trace.json.gz --step-bytes 16.2e9 --bandwidth-tb-s 4.8
+    perfsdk analyze prefill.pt.trace.json.gz --model llama-3-8b --gpu h200-sxm --prompt-tokens 2048 --phase prefill
+    # against the step time measured without the profiler (it slows what it measures)
+    perfsdk analyze decode.pt.trace.json.gz --unprofiled-ms 2.09
+
+Without ``--model``/``--step-bytes`` and a GPU the kernels are not checked against the peak and the
+report says so (``busy_unchecked``) instead of calling a busy GPU healthy; without ``--unprofiled-ms``
+it says the shares are of the profiled step. ``--model``, ``--batch`` and ``--context`` price decode
+steps (``--prompt-tokens`` prefill steps); ``--step-bytes`` / ``--step-flops`` give the figures of the
+``--phase`` steps (default decode; it is also the phase of steps that are not perfsdk's ranges).
+
 Exit status 0 when the trace was analysed (whatever it found, CPU-only traces included), 2 on a
-trace that cannot be read.
+trace that cannot be read or options that do not make sense.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perfsdk.profiling.bandwidth import StepCost
 
 __all__ = ["register", "run_analyze"]
 
@@ -36,6 +54,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--step-name", default=None, metavar="REGEX",
                    help="record_function names that mark steps "
                         "(default: perfsdk.* ranges, then ProfilerStep#N)")
+    g = p.add_argument_group("kernels against the peak (what a step must move, and the GPU)")
+    g.add_argument("--model", help="a known model (see perfsdk floor), e.g. llama-3-8b: prices decode steps "
+                                   "(and prefill steps with --prompt-tokens)")
+    g.add_argument("--gpu", help="the GPU's datasheet row, e.g. h200-sxm: the peaks")
+    g.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
+    g.add_argument("--context", "--ctx", type=int, default=0, dest="context",
+                   help="context length of each sequence in the decode steps (default 0: weights only)")
+    g.add_argument("--prompt-tokens", type=int, default=None,
+                   help="prompt length of each sequence in the prefill steps (without it they are not priced)")
+    g.add_argument("--step-bytes", type=float, default=None,
+                   help="bytes each --phase step must read (instead of the model's)")
+    g.add_argument("--step-flops", type=float, default=None,
+                   help="FLOPs each --phase step must do (instead of the model's)")
+    g.add_argument("--bandwidth-tb-s", type=float, default=None, help="peak memory bandwidth, TB/s (overrides --gpu)")
+    g.add_argument("--tflops", type=float, default=None,
+                   help="dense peak TFLOP/s (overrides --gpu; default its figure for the model's dtype, or bf16)")
+    g.add_argument("--phase", choices=("decode", "prefill", "mixed"), default="decode",
+                   help="phase of the steps --step-bytes/--step-flops/--unprofiled-ms describe, and of steps that "
+                        "are not perfsdk.<phase> ranges (default decode)")
+    g.add_argument("--unprofiled-ms", type=float, default=None,
+                   help="the --phase step time measured without the profiler: shares are then of it, and the "
+                        "profiler's inflation is reported")
     p.set_defaults(func=run_analyze)
 
 
@@ -46,7 +86,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     traces = args.trace if isinstance(args.trace, list) else [args.trace]
     if len(traces) > 1:
         return _run_ranks(args, traces)
-    diag = analyze_trace(traces[0], step_pattern=args.step_name)
+    cost, unprofiled = _cost_and_reference(args)
+    diag = analyze_trace(traces[0], step_pattern=args.step_name, cost=cost, unprofiled=unprofiled,
+                         phase=args.phase)
     plotted = None
     if args.plot and diag.has_gpu:
         from perfsdk.profiling.timeline_plot import plot_timeline
@@ -63,6 +105,79 @@ def run_analyze(args: argparse.Namespace) -> int:
         elif args.plot:
             print("timeline: not drawn, the trace has no GPU events")
     return 0
+
+
+def _positive(flag: str, value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise _config_error(f"--{flag}: must be a positive, finite number, got {value!r}")
+    return value
+
+
+def _config_error(msg: str) -> Exception:
+    from perfsdk.errors import ConfigError
+
+    return ConfigError(msg)
+
+
+def _cost_and_reference(args: argparse.Namespace) -> tuple[dict[str, StepCost] | None, Any]:
+    """The per-phase costs and the unprofiled reference the options describe (None where none were given)."""
+    from perfsdk.profiling.bandwidth import StepCost
+    from perfsdk.profiling.observer import Unprofiled
+
+    phase = args.phase
+    step_bytes, step_flops = _positive("step-bytes", args.step_bytes), _positive("step-flops", args.step_flops)
+    bw, tflops = _positive("bandwidth-tb-s", args.bandwidth_tb_s), _positive("tflops", args.tflops)
+    unprofiled_ms = _positive("unprofiled-ms", args.unprofiled_ms)
+    batch, context, prompt = args.batch, args.context, args.prompt_tokens
+    if batch < 1:
+        raise _config_error(f"--batch: must be >= 1, got {batch}")
+    if context < 0:
+        raise _config_error(f"--context: must be >= 0, got {context}")
+    if prompt is not None and prompt < 1:
+        raise _config_error(f"--prompt-tokens: must be >= 1, got {prompt}")
+    unprofiled = None if unprofiled_ms is None else {
+        phase: Unprofiled(step_us=unprofiled_ms * 1000, source="--unprofiled-ms")}
+    if not any(x is not None for x in (args.model, args.gpu, step_bytes, step_flops, bw, tflops)):
+        return None, unprofiled
+    from perfsdk import hardware
+    from perfsdk.model import ModelSpec
+
+    model = ModelSpec.named(args.model) if args.model else None
+    hw = hardware.get(args.gpu) if args.gpu else None
+
+    def peaks(c: StepCost) -> StepCost:  # --bandwidth-tb-s / --tflops win over the GPU's datasheet row
+        return StepCost(bytes=c.bytes, flops=c.flops,
+                        peak_bandwidth=bw * 1e12 if bw is not None else c.peak_bandwidth,
+                        peak_flops=tflops * 1e12 if tflops is not None else c.peak_flops,
+                        source=c.source + ("; peaks from --bandwidth-tb-s/--tflops" if bw or tflops else ""),
+                        missing="" if hw is None and (bw or tflops) else c.missing)
+
+    costs: dict[str, StepCost] = {}
+    if model is not None:
+        costs["decode"] = peaks(StepCost.decode(model, hw, batch=batch, context_tokens=context * batch))
+        if prompt is not None:
+            costs["prefill"] = peaks(StepCost.prefill(model, hw, [prompt] * batch))
+    if step_bytes is not None or step_flops is not None:
+        base = costs.get(phase) or peaks(StepCost(
+            peak_bandwidth=hw.memory_bandwidth if hw is not None else None,
+            peak_flops=_bf16(hw) if hw is not None else None))
+        costs[phase] = StepCost(
+            bytes=step_bytes if step_bytes is not None else base.bytes,
+            flops=step_flops if step_flops is not None else base.flops,
+            peak_bandwidth=base.peak_bandwidth, peak_flops=base.peak_flops,
+            source="--step-bytes/--step-flops" + (f"; {hw.display_name}" if hw is not None else ""))
+    if not costs:  # peaks only: the steps' bytes are still unknown, and the report says so
+        costs[phase] = StepCost(peak_bandwidth=bw * 1e12 if bw is not None else hw.memory_bandwidth if hw else None,
+                                missing="no bytes or FLOPs for the steps: give --model (with --batch/--context) "
+                                        "or --step-bytes")
+    return costs, unprofiled
+
+
+def _bf16(hw: Any) -> float | None:
+    try:
+        return float(hw.peak_flops("bf16"))
+    except Exception:
+        return None
 
 
 def _run_ranks(args: argparse.Namespace, traces: list[str]) -> int:

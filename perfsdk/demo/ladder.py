@@ -19,15 +19,19 @@ Every rung (:mod:`perfsdk.demo.rungs`, one change each) runs the same measuremen
 2. **served load**: the instrumented HTTP server under ``num_prompts`` streaming requests at
    ``concurrency`` in flight (:mod:`perfsdk.bench`, in its own process); once the load runs at about full
    batch, perfsdk's profiler window (``Monitor.profile``) captures a few steady steps and
-   :func:`perfsdk.profiling.analyze.analyze_trace` (``perfsdk analyze``) gives the verdict: launch-, sync-,
-   copy- or memory-bound;
+   :func:`perfsdk.profiling.analyze.analyze_trace` (``perfsdk analyze``) gives the verdict on the captured
+   *decode* steps, against the unprofiled step time (the profiler slows what it measures) and, for the
+   kernels, against the peak bandwidth: launch-, sync-, copy-bound, slow kernels (with the Nsight Compute
+   command for them) or healthy memory-bound;
 3. **served batch 1**: three requests one after the other: the tokens/s one user sees;
 4. **standalone at the load's shape** (its mean batch and context): the in-server step over the bare
    loop's, which says what serving costs on top of the kernels;
 5. ``perfsdk bench compare`` and ``perfsdk regress check`` of the load against the rung before.
 
 Then the loop's log: for each rung the hypothesis the previous verdict suggests, the change, a predicted
-step time, the result, and whether the prediction held. Written under ``out_dir``: ``ladder.json``
+step time, the result, and whether the prediction held. The table's "next" column is the change the
+finding asks for (:func:`short_advice`), whatever the rung is called; a utilisation above 100 % (which no
+step can reach) is shown as ``suspect``, not as a result. Written under ``out_dir``: ``ladder.json``
 (everything), ``ladder.md`` (the table and the log), ``ladder.png`` (step time and MBU per rung, where
 matplotlib is installed), ``bench-<rung>.json`` (each load, for ``perfsdk bench compare``) and
 ``traces/`` (each profiler window's trace and diagnosis).
@@ -253,7 +257,8 @@ def _run_rung(cfg: LadderConfig, name: str, model: Any, s: Mapping[str, Any], hw
             "attention_rejected": getattr(eng, "attention_rejected", None),
         }
         row["spec"] = {"params": spec.params, "weight_bytes": spec.weight_bytes, "dtype": spec.dtype,
-                       "kv_bytes_per_token": spec.kv_bytes_per_token}
+                       "kv_bytes_per_token": spec.kv_bytes_per_token, "step_weight_bytes": spec.step_weight_bytes,
+                       "embedding_row_bytes": spec.embedding_row_bytes}
         _say(cfg, f"perfsdk ladder: {name}: standalone loop, batch 1 at context {s['context']}")
         row["standalone_b1"] = _standalone(eng, spec, hw, batch=1, context=s["context"], steps=s["steps"])
         _add_mbu(row["standalone_b1"], hw, cal_bw)
@@ -380,21 +385,25 @@ def _decode_steps(diag: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _profile(capture: Any) -> dict[str, Any]:
+    """What the table and the log need of one capture: the window's verdict on its decode steps."""
     if capture is None:
         return {"captured": False, "verdict": None, "kind": None,
                 "reason": "the load ended before the window captured"}
     diag = capture.diagnosis or {}
     findings = diag.get("findings") or []
     top = findings[0] if findings else None
-    report = None
-    if capture.trace:
-        try:  # the same report `perfsdk analyze TRACE` prints
+    # the window's own report: its decode steps, against the unprofiled step and the peak bandwidth
+    report = diag.get("report")
+    if report is None and capture.trace:
+        try:  # an older window: the report `perfsdk analyze TRACE` prints
             from perfsdk.profiling.analyze import analyze_trace
 
             report = analyze_trace(capture.trace).format_report()
         except Exception as e:
             report = f"(perfsdk analyze failed: {type(e).__name__}: {e})"
     summary = diag.get("summary") or {}
+    kc = diag.get("kernel_check") or {}
+    observed = [o for o in (diag.get("observer") or {}).values() if o.get("inflation") is not None]
     return {
         "captured": capture.error is None,
         "error": capture.error,
@@ -413,15 +422,21 @@ def _profile(capture: Any) -> dict[str, Any]:
         "host_syncs_per_step": summary.get("host_syncs_per_step"),
         "category_shares": summary.get("category_shares"),
         "decode": _decode_steps(diag),
+        "kernel_utilisation": kc.get("utilisation"),
+        "kernel_bound": kc.get("bound"),
+        "ncu": kc.get("ncu"),
+        "inflation": observed[0]["inflation"] if observed else None,
+        "unprofiled_step_us": observed[0]["unprofiled_step_us"] if observed else None,
         "report": report,
     }
 
 
 def short_advice(row: Mapping[str, Any]) -> str:
-    """The next change in a few words, from the rung's verdict (the log carries perfsdk's full text)."""
+    """The next change in a few words, from the rung's finding and its evidence — never from the rung's name
+    (the log carries perfsdk's full text)."""
     p = row.get("profile") or {}
     kind = p.get("kind")
-    graphs = (p.get("graph_launches_per_step") or 0) >= 1
+    graphs = (p.get("graph_launches_per_step") or 0) >= 1  # the captured decode steps replay a CUDA graph
     int8 = (row.get("spec") or {}).get("dtype") == "int8"
     if kind == "launch_bound":
         return "overlap host work, batch more" if graphs else "CUDA graphs"
@@ -431,6 +446,14 @@ def short_advice(row: Mapping[str, Any]) -> str:
         return "pinned, non-blocking copies"
     if kind == "communication_bound":
         return "overlap communication"
+    if kind == "slow_kernels":
+        util = p.get("kernel_utilisation")
+        of = f" ({util * 100:.0f}% of peak)" if isinstance(util, (int, float)) else ""
+        return f"faster kernels{of}: ncu"
+    if kind == "utilisation_suspect":
+        return "check the peak and bytes"
+    if kind == "busy_unchecked":
+        return "give model and GPU"
     if kind == "memory_bound":
         return "fewer bytes: int4 / fp8 KV, batch more" if int8 else "fewer bytes: int8 weights"
     if kind == "compute_bound":
@@ -460,26 +483,38 @@ def _explain(row: dict[str, Any], prev: Mapping[str, Any] | None) -> None:
         dec = pp.get("decode") or {}
         kernel_ms = dec.get("gpu_busy_us", 0.0) / 1000
         cats = dec.get("category_shares") or {}
+        # the step the kernels' busy time is a share of: the unprofiled one where the window knew it
+        unprofiled = pp.get("unprofiled_step_us")
+        step_us = unprofiled or dec.get("gpu_window_us")
+        of_step = (f"the unprofiled {unprofiled / 1000:.2f} ms step ({dec['gpu_window_us'] / 1000:.2f} ms profiled)"
+                   if unprofiled and dec else
+                   f"its {dec.get('gpu_window_us', 0.0) / 1000:.2f} ms (profiler time included)")
         if name == "graph" and pstep and dec:
             # in a graph the kernels still run one after the other, with ~1 µs between dependent ones
             predicted = kernel_ms + dec["kernels"] * 0.001
             hyp = (f"{prev['rung']} was {kind or 'not diagnosed'}: a profiled decode step kept the GPU busy "
-                   f"{kernel_ms:.2f} ms of its {dec['gpu_window_us'] / 1000:.2f} ms (profiler time included), "
+                   f"{kernel_ms:.2f} ms of {of_step}, "
                    f"over {dec['kernels']:.0f} kernels. If the rest is launch gaps, one graph launch per step "
                    f"leaves the kernels and about 1 µs between each two: step ≈ {kernel_ms:.2f} + "
                    f"{dec['kernels']:.0f} × 0.001 = {predicted:.2f} ms.")
         elif name == "compile" and pstep and cats:
             small = sum(cats.get(c, 0.0) for c in ("elementwise", "normalization", "other"))
-            busy = kernel_ms / (dec["gpu_window_us"] / 1000) if dec.get("gpu_window_us") else 1.0
+            busy = min(kernel_ms / (step_us / 1000), 1.0) if step_us else 1.0
             predicted = pstep * (1 - busy * small)
             hyp = (f"{prev['rung']} was {kind or 'not diagnosed'}; {small:.0%} of its decode steps' GPU time is "
                    f"elementwise, normalization and other small kernels (GPU busy {busy:.0%}). If fusion made "
                    f"them free: step ≈ {pstep:.2f} × (1 − {busy:.2f} × {small:.2f}) = {predicted:.2f} ms.")
         elif name == "int8" and pstep and prev.get("spec") and row.get("spec"):
-            # decode step bytes = weights + KV bytes per token × the batch's context (budget.decode_step_bytes)
-            ctx = (load.get("context_mean") or 0) * (load.get("batch_mean") or 1)
-            old = prev["spec"]["weight_bytes"] + prev["spec"]["kv_bytes_per_token"] * ctx
-            new = row["spec"]["weight_bytes"] + row["spec"]["kv_bytes_per_token"] * ctx
+            # decode step bytes = weights (an untied input table: a row per sequence) + KV bytes per token × the
+            # batch's context (budget.decode_step_bytes)
+            batch = load.get("batch_mean") or 1
+            ctx = (load.get("context_mean") or 0) * batch
+
+            def step_bytes(spec: dict[str, Any]) -> float:
+                weights = spec.get("step_weight_bytes", spec["weight_bytes"])
+                return float(weights + spec.get("embedding_row_bytes", 0.0) * batch + spec["kv_bytes_per_token"] * ctx)
+
+            old, new = step_bytes(prev["spec"]), step_bytes(row["spec"])
             predicted = pstep * new / old
             hyp = (f"{prev['rung']} was {kind or 'not diagnosed'}. A memory-bound step is bytes over bandwidth: "
                    f"{new / 1e9:.2f} GB instead of {old / 1e9:.2f} GB per step at the same bandwidth gives "
@@ -549,8 +584,29 @@ def _f(x: Any, fmt: str = "{:.2f}") -> str:
     return fmt.format(x)
 
 
-def _pct(x: Any) -> str:
-    return "-" if x is None else f"{x * 100:.1f}%"
+def _util(x: Any) -> str:
+    """A utilisation (MBU, MFU): above 1 no step can be, so it is shown as suspect, not as a result."""
+    if x is None:
+        return "-"
+    return f"suspect ({x * 100:.0f}%)" if x > 1 else f"{x * 100:.1f}%"
+
+
+def _suspects(result: Mapping[str, Any]) -> list[str]:
+    """'rung: column' for every utilisation above 100 % in the table."""
+    out = []
+    for r in result["rungs"]:
+        if r.get("skipped"):
+            continue
+        for label, d, key in (("MBU b1", r.get("standalone_b1"), "mbu"), ("MBU b1 cal", r.get("standalone_b1"),
+                              "mbu_calibrated"), ("MBU load", r.get("load"), "mbu")):
+            v = (d or {}).get(key)
+            if isinstance(v, (int, float)) and v > 1:
+                out.append(f"{r['rung']} {label}")
+    return out
+
+
+_SUSPECT_NOTE = ("suspect: a utilisation above 100 %, which no step can reach: the peak in use (datasheet or "
+                 "calibrated bandwidth) or the measurement is wrong")
 
 
 def _verdict(row: Mapping[str, Any]) -> str:
@@ -573,8 +629,8 @@ def _cells(row: Mapping[str, Any]) -> list[str]:
     sb, ld, sv = row.get("standalone_b1") or {}, row.get("load") or {}, row.get("served_b1") or {}
     return [
         row["rung"], _f(sb.get("step_ms_p50")), _f(sb.get("tokens_per_s"), "{:.1f}"),
-        _f(sv.get("tokens_per_s"), "{:.1f}"), _f(ld.get("output_tokens_per_s"), "{:.0f}"), _pct(sb.get("mbu")),
-        _pct(sb.get("mbu_calibrated")), _pct(ld.get("mbu")), _f(row.get("served_over_standalone"), "{:.2f}x"),
+        _f(sv.get("tokens_per_s"), "{:.1f}"), _f(ld.get("output_tokens_per_s"), "{:.0f}"), _util(sb.get("mbu")),
+        _util(sb.get("mbu_calibrated")), _util(ld.get("mbu")), _f(row.get("served_over_standalone"), "{:.2f}x"),
         _verdict(row), short_advice(row),
     ]
 
@@ -598,7 +654,11 @@ def format_table(result: Mapping[str, Any]) -> str:
             lines.append(f"  {row['rung']}: skipped: {row['skipped']}")
     lines.append("  step ms b1 and MBU b1: perfsdk's device step time and MBU of the standalone loop (MBU against the "
                  "datasheet, 'cal' against this machine's measured copy bandwidth); MBU load: the served steps'; "
-                 "srv/solo: the served decode step over the standalone loop at the load's mean batch and context")
+                 "srv/solo: the served decode step over the standalone loop at the load's mean batch and context; "
+                 "verdict and next: perfsdk's finding on the profiled decode steps, against the unprofiled step")
+    suspects = _suspects(result)
+    if suspects:
+        lines.append(f"  {_SUSPECT_NOTE} ({', '.join(suspects)})")
     errors = [r["rung"] for r in result["rungs"] if (r.get("monitor") or {}).get("internal_errors")]
     if errors:
         lines.append(f"  note: perfsdk internal errors in {', '.join(errors)} (see ladder.json)")
@@ -617,6 +677,9 @@ def format_markdown(result: Mapping[str, Any]) -> str:
     lines += ["", "| " + " | ".join(_COLUMNS) + " |", "|" + " --- |" * len(_COLUMNS)]
     for row in result["rungs"]:
         lines.append("| " + " | ".join(_cells(row)) + " |")
+    suspects = _suspects(result)
+    if suspects:
+        lines += ["", f"{_SUSPECT_NOTE[:1].upper()}{_SUSPECT_NOTE[1:]}: {', '.join(suspects)}."]
     lines += ["", "## The loop: hypothesis → change → result", ""]
     n = 0
     for row in result["rungs"]:
@@ -633,7 +696,7 @@ def format_markdown(result: Mapping[str, Any]) -> str:
         sb, sl = row.get("standalone_b1") or {}, row.get("standalone_load") or {}
         lines.append(f"- **Batch 1** (standalone, context {sb.get('context')}): {_f(sb.get('step_ms_p50'))} ms "
                      f"per step on the device, {_f(sb.get('tokens_per_s'), '{:.1f}')} tokens/s, MBU "
-                     f"{_pct(sb.get('mbu'))} ({_pct(sb.get('mbu_calibrated'))} of the calibrated copy bandwidth).")
+                     f"{_util(sb.get('mbu'))} ({_util(sb.get('mbu_calibrated'))} of the calibrated copy bandwidth).")
         if sl:
             lines.append(f"- **Served vs standalone** at batch {sl.get('batch')}, context {sl.get('context')}: "
                          f"{_f((row.get('load') or {}).get('step_ms_p50'))} ms served, {_f(sl.get('step_ms_p50'))} "
@@ -646,8 +709,9 @@ def format_markdown(result: Mapping[str, Any]) -> str:
         mon = row.get("monitor") or {}
         lines.append(f"- perfsdk internal errors: {mon.get('internal_errors')}; dropped records: "
                      f"{mon.get('dropped_records')}.")
-        if p.get("report"):
-            lines += ["", "```text", f"$ perfsdk analyze {Path(p.get('trace') or '').name}", p["report"], "```"]
+        if p.get("report"):  # the window's diagnosis (its decode steps, against the unprofiled step and the peak)
+            name = Path(p.get("trace") or "").name
+            lines += ["", "```text", f"$ perfsdk analyze {name}  # as the window diagnosed it", p["report"], "```"]
         if row.get("compare"):
             lines += ["", "```text", f"$ perfsdk bench compare bench-{_prev_name(result, row)}.json "
                       f"bench-{row['rung']}.json", row["compare"], "```"]
@@ -733,5 +797,5 @@ def _environment(device: str) -> dict[str, Any]:
 
 def _one_line(row: Mapping[str, Any]) -> str:
     sb, ld = row.get("standalone_b1") or {}, row.get("load") or {}
-    return (f"batch-1 step {_f(sb.get('step_ms_p50'))} ms (MBU {_pct(sb.get('mbu'))}), load "
+    return (f"batch-1 step {_f(sb.get('step_ms_p50'))} ms (MBU {_util(sb.get('mbu'))}), load "
             f"{_f(ld.get('output_tokens_per_s'), '{:.0f}')} tokens/s, verdict {_verdict(row)}")

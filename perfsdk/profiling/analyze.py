@@ -31,8 +31,33 @@ host synchronisations (stream, device and event synchronise, device-to-host copi
 host-to-device copies from pageable memory.
 
 **Findings**, ranked by the share of step time at stake, each with its evidence and the next
-change to try: ``launch_bound``, ``sync_bound``, ``copy_bound``, ``communication_bound``, and the
-healthy ``memory_bound`` (decode) / ``compute_bound`` (prefill) when the GPU is kept busy.
+change to try: ``launch_bound``, ``sync_bound``, ``copy_bound``, ``communication_bound``, and, for the
+kernels' own time, :mod:`perfsdk.profiling.bandwidth`'s: the healthy ``memory_bound`` /
+``compute_bound`` only when the bytes (FLOPs) the step must move over its kernels' time come near the
+peak, ``slow_kernels`` (with the kernels that hold the time and the Nsight Compute command for them)
+when they do not, ``utilisation_suspect`` when they would exceed the peak, and ``busy_unchecked`` when
+no bytes or peak were given (``cost=``; ``perfsdk analyze --model/--gpu/--batch/--context``)::
+
+    from perfsdk.profiling.bandwidth import StepCost
+    diag = analyze_trace(path, cost=StepCost.decode(spec, hw, batch=1, context_tokens=1024))
+
+The thresholds (``LAUNCH_BOUND_MIN_SHARE`` and the others below, each with its reason beside it; the
+kernel check's in :mod:`perfsdk.profiling.bandwidth`): a finding needs a tenth of the step (launch gaps,
+exposed collectives, slow kernels' lost time), a twentieth for copies (a cheap, certain fix), half a sync
+per step. Healthy needs the GPU in kernels 80 % of the step *and* the kernels at 60 % of the datasheet
+bandwidth (a tuned copy reaches ~85 %, a compiled decode's GEMVs 70-85 %) or 50 % of the dense peak FLOP/s
+(a large GEMM reaches 75-80 %, a whole prefill 50-65 %); above 100 % is impossible and called suspect.
+
+**The profiler's own slowdown.** A profiled step is slower than the same step unprofiled; its kernels
+are not. Given the unprofiled step time (``unprofiled=Unprofiled(step_us=...)``, ``perfsdk analyze
+--unprofiled-ms``; perfsdk's window supplies its own), every share is of the unprofiled step, and the
+inflation (profiled / unprofiled) is reported: :mod:`perfsdk.profiling.observer`. ``diag.steps`` stay
+as measured. Without one the report says the shares are of the profiled step.
+
+**Phases.** A step's phase is its ``perfsdk.<phase>`` range, else *phase* (default ``"decode"``);
+``cost`` and ``unprofiled`` may be given per phase, and ``diag.select("decode")`` diagnoses the
+decode steps alone (perfsdk's window does: its verdict is about the decode steps it was asked for,
+not the prefills it happened to catch).
 
 A trace without GPU events (CPU-only profiling) still gets step times and host-side findings:
 reads of tensor values (``aten::item``), which on a GPU each wait for the device, and the time
@@ -58,7 +83,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfsdk.errors import ConfigError
+from perfsdk.profiling.bandwidth import (
+    HEALTHY_BUSY_FRACTION,
+    KernelCheck,
+    KernelTally,
+    ShapeIndex,
+    StepCost,
+    check_kernels,
+    kernel_findings,
+    kernel_lines,
+    tally_kernels,
+)
 from perfsdk.profiling.categories import CATEGORIES, categorize, categorize_cpu_op
+from perfsdk.profiling.findings import Finding, findings_lines
+from perfsdk.profiling.observer import Unprofiled, correct_step, observer_lines, observer_summary
 from perfsdk.profiling.trace_events import Event, Trace, load_trace
 
 __all__ = [
@@ -67,12 +105,17 @@ __all__ = [
     "HEALTHY_BUSY_FRACTION",
     "LAUNCH_BOUND_MIN_SHARE",
     "PERFSDK_STEP_NAMES",
+    "PHASES",
     "SYNC_BOUND_MIN_PER_STEP",
     "Diagnosis",
     "Finding",
     "Gap",
+    "StepCost",
     "StepStats",
+    "Unprofiled",
     "analyze_trace",
+    "findings_lines",
+    "step_phase",
 ]
 
 # --- thresholds -------------------------------------------------------------------------------
@@ -90,18 +133,17 @@ COPY_BOUND_MIN_SHARE = 0.05
 # Exposed communication (collective kernels not overlapped by compute on another stream) as a
 # share of step time; tensor-parallel decode spends 5-10% here when healthy.
 COMM_BOUND_MIN_SHARE = 0.10
-# Share of step time the GPU spends running kernels (busy, less copies and exposed collectives)
-# from which the step is "healthy" (memory- or compute-bound): the remaining idle is launch latency
-# and step boundaries that no host-side change removes.
-HEALTHY_BUSY_FRACTION = 0.80
-# Median kernel duration above which an unlabelled busy step reads as compute-bound (prefill):
-# decode kernels at small batch are weight reads of a few to tens of µs.
+# HEALTHY_BUSY_FRACTION (imported from perfsdk.profiling.bandwidth with the other kernel thresholds):
+# share of step time in kernels from which a step can be healthy at all.
+# Median kernel duration above which an unlabelled busy step is worded as prefill-like (peak FLOP/s)
+# when its bytes and FLOPs are unknown: decode kernels at small batch are weight reads of a few to tens of µs.
 COMPUTE_KERNEL_MIN_US = 50.0
 # Clock slack when matching "the host sync returned" against "the GPU ran dry" (µs): the GPU and
 # host timestamps in a Kineto trace are aligned but not to better than a few µs.
 SYNC_SLACK_US = 5.0
 
 PERFSDK_STEP_NAMES: frozenset[str] = frozenset({"perfsdk.decode", "perfsdk.prefill", "perfsdk.mixed"})
+PHASES: tuple[str, ...] = ("decode", "prefill", "mixed")
 _PROFILER_STEP = re.compile(r"ProfilerStep#\d+")
 
 _STREAM_SYNC = frozenset({"cudaStreamSynchronize", "cuStreamSynchronize"})
@@ -118,29 +160,11 @@ _HOST_READ_OPS = frozenset({"aten::_local_scalar_dense"})
 _HOST_COLLECTIVE = re.compile(r"^(?:gloo|nccl|mpi|ucc|xccl):|^c10d::")
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One diagnosis: what kind of limit, how much step time is at stake, why, and what to try."""
-
-    kind: str
-    share: float
-    evidence: str
-    suggestion: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "share": round(self.share, 4), "evidence": self.evidence,
-                "suggestion": self.suggestion}
-
-
-def findings_lines(findings: list[Finding], if_none: str) -> list[str]:
-    """The report's findings block (``perfsdk analyze`` for one trace and for ranks): numbered, biggest first."""
-    if not findings:
-        return [f"findings: {if_none}"]
-    lines = ["findings (by time at stake):"]
-    for i, f in enumerate(findings, 1):
-        lines.append(f"  {i}. {f.kind} ({f.share:.0%} of step time): {f.evidence}")
-        lines.append(f"     -> {f.suggestion}")
-    return lines
+def step_phase(name: str, default: str = "decode") -> str:
+    """The phase of a step named *name*: its ``perfsdk.<phase>`` range, else *default*."""
+    if name in PERFSDK_STEP_NAMES:
+        return name.split(".", 1)[1]
+    return default
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +214,8 @@ class StepStats:
     host_comm_us: float = 0.0  # CPU-only traces: time inside collectives (any thread), within the step
     host_reads: int = 0
     host_read_us: float = 0.0
+    # per kernel name (communication kernels aside): time, launches, and bytes/FLOPs where shapes allow
+    kernel_tally: dict[str, KernelTally] = field(default_factory=dict, repr=False)
 
     @property
     def gpu_window_us(self) -> float:
@@ -248,7 +274,12 @@ class StepStats:
 
 @dataclass
 class Diagnosis:
-    """The result of :func:`analyze_trace`; ``to_dict()`` is what ``--json`` prints."""
+    """The result of :func:`analyze_trace`; ``to_dict()`` is what ``--json`` prints.
+
+    ``steps`` are as measured under the profiler; every share, fraction and finding is computed over
+    ``basis``: the same steps against the unprofiled step time where one was given (see
+    :mod:`perfsdk.profiling.observer`), else the same list.
+    """
 
     source: str
     has_gpu: bool
@@ -257,9 +288,64 @@ class Diagnosis:
     findings: list[Finding]
     gaps: list[Gap] = field(default_factory=list, repr=False)
     trace: Trace | None = field(default=None, repr=False, compare=False)
+    costs: dict[str, StepCost] = field(default_factory=dict, repr=False)
+    unprofiled: dict[str, Unprofiled] = field(default_factory=dict, repr=False)
+    phase: str = "decode"  # the phase of steps that are not perfsdk.<phase> ranges
+    basis: list[StepStats] = field(default_factory=list, repr=False)
+    observer: dict[str, dict[str, Any]] = field(default_factory=dict)  # per phase: the profiler's inflation
+    unprofiled_note: str = ""  # why there is no unprofiled reference (perfsdk's window says)
+    kernel_check: KernelCheck | None = None
+
+    def phase_of(self, step: StepStats) -> str:
+        return step_phase(step.name, self.phase)
+
+    def _finish(self) -> Diagnosis:
+        """Correct for the profiler where a reference exists, check the kernels, rank the findings."""
+        phases = [self.phase_of(s) for s in self.steps]
+        self.basis = [correct_step(s, self.unprofiled[p], self.has_gpu) if p in self.unprofiled else s
+                      for s, p in zip(self.steps, phases, strict=True)]
+        self.observer = {}
+        for p, ref in self.unprofiled.items():
+            mine = [s for s, q in zip(self.steps, phases, strict=True) if q == p]
+            if mine:
+                self.observer[p] = observer_summary(mine, ref, self.has_gpu, p)
+        self.kernel_check = None
+        if self.has_gpu:
+            pairs = [(s, p) for s, p in zip(self.basis, phases, strict=True) if s.gpu_window_us > 0]
+            if pairs:
+                window = sum(s.gpu_window_us for s, _ in pairs)
+                self.kernel_check = check_kernels([s for s, _ in pairs], [p for _, p in pairs], self.costs, window)
+        self.findings = _findings(self)
+        return self
+
+    def select(self, phase: str) -> Diagnosis | None:
+        """The diagnosis of this trace's *phase* steps alone (None if it has none)."""
+        steps = [s for s in self.steps if self.phase_of(s) == phase]
+        if not steps:
+            return None
+        if len(steps) == len(self.steps):
+            return self
+        return Diagnosis(source=self.source, has_gpu=self.has_gpu, step_source=self.step_source, steps=steps,
+                         findings=[], gaps=self.gaps, trace=self.trace, costs=self.costs,
+                         unprofiled=self.unprofiled, phase=self.phase, unprofiled_note=self.unprofiled_note)._finish()
+
+    @property
+    def corrected(self) -> bool:
+        """Whether every step is measured against an unprofiled reference (shares of the unprofiled step)."""
+        return bool(self.steps) and all(self.phase_of(s) in self.observer for s in self.steps)
+
+    @property
+    def basis_label(self) -> str:
+        """What the shares are shares of, in words."""
+        if self.corrected:
+            return "the unprofiled step"
+        return "step time (unprofiled where known)" if self.observer else "step time"
+
+    def _basis(self) -> list[StepStats]:
+        return self.basis if len(self.basis) == len(self.steps) else self.steps
 
     def _gpu_steps(self) -> list[StepStats]:
-        return [s for s in self.steps if s.gpu_window_us > 0]
+        return [s for s in self._basis() if s.gpu_window_us > 0]
 
     @property
     def gpu_busy_fraction(self) -> float | None:
@@ -274,11 +360,12 @@ class Diagnosis:
             steps = self._gpu_steps()
             window = sum(s.gpu_window_us for s in steps)
             return sum(s.exposed_comm_us for s in steps) / window if window > 0 else None
-        host = sum(s.host_dur_us for s in self.steps)
-        return sum(s.host_comm_us for s in self.steps) / host if host > 0 else None
+        basis = self._basis()
+        host = sum(s.host_dur_us for s in basis)
+        return sum(s.host_comm_us for s in basis) / host if host > 0 else None
 
     def _mean(self, attr: str) -> float:
-        steps = self._gpu_steps() if self.has_gpu else self.steps
+        steps = self._gpu_steps() if self.has_gpu else self._basis()
         return statistics.fmean(float(getattr(s, attr)) for s in steps) if steps else 0.0
 
     def summary(self) -> dict[str, Any]:
@@ -286,7 +373,7 @@ class Diagnosis:
         steps = self._gpu_steps()
         window = sum(s.gpu_window_us for s in steps)
         cat_us: dict[str, float] = {}
-        for s in steps if self.has_gpu else self.steps:  # CPU-only: host operator self time
+        for s in steps if self.has_gpu else self._basis():  # CPU-only: host operator self time
             for c, v in s.category_us.items():
                 cat_us[c] = cat_us.get(c, 0.0) + v
         cat_total = sum(cat_us.values())
@@ -295,8 +382,11 @@ class Diagnosis:
         def share(attr: str) -> float | None:
             return round(sum(getattr(s, attr) for s in steps) / window, 4) if window > 0 else None
 
+        measured = [s for s in self.steps if s.gpu_window_us > 0] if self.has_gpu else self.steps
+        profiled = [s.gpu_window_us if self.has_gpu else s.host_dur_us for s in measured]
         return {
             "step_time_us_mean": round(self._mean("gpu_window_us" if self.has_gpu else "host_dur_us"), 2),
+            "profiled_step_time_us_mean": round(statistics.fmean(profiled), 2) if profiled else 0.0,
             "idle_launch_wait_share": share("idle_launch_wait_us"),
             "idle_after_sync_share": share("idle_after_sync_us"),
             "idle_other_share": share("idle_other_us"),
@@ -321,17 +411,23 @@ class Diagnosis:
             "step_source": self.step_source,
             "step_count": len(self.steps),
             "gpu_busy_fraction": None if busy is None else round(busy, 4),
+            "basis": self.basis_label,
             "findings": [f.to_dict() for f in self.findings],
             "summary": self.summary(),
+            "observer": dict(self.observer) or None,
+            "unprofiled_note": self.unprofiled_note or None,
+            "kernel_check": None if self.kernel_check is None else self.kernel_check.to_dict(),
             "steps": [s.to_dict() for s in self.steps],
         }
 
     def format_report(self) -> str:
-        """A short human report: one header, the step picture, the ranked findings."""
+        """A short human report: one header, the profiler's inflation, the step picture, the ranked findings."""
         s = self.summary()
         name = os.path.basename(self.source)
+        basis = self.basis_label
         lines = [f"{name}: {len(self.steps)} step(s) from {self.step_source}, "
-                 f"mean {s['step_time_us_mean'] / 1000:.3f} ms"]
+                 f"mean {s['profiled_step_time_us_mean'] / 1000:.3f} ms profiled"]
+        lines.extend(observer_lines(self.observer, self.unprofiled_note, self.has_gpu, self.corrected))
         busy = self.gpu_busy_fraction
         if not self.has_gpu:
             lines.append("  no GPU events in this trace (CPU-only profile): host-side findings only")
@@ -341,11 +437,11 @@ class Diagnosis:
             if cats:
                 lines.append(f"  host operator time by category (self time): {cats}")
             if s["communication_us_mean"]:
-                lines.append(f"  in collectives: {s['communication_share']:.0%} of step time "
+                lines.append(f"  in collectives: {s['communication_share']:.0%} of {basis} "
                              f"({s['communication_us_mean'] / 1000:.3f} ms per step, waits for other ranks included)")
         elif busy is not None:
-            lines.append(f"  GPU busy {busy:.0%}; idle: waiting for launch {s['idle_launch_wait_share']:.0%} "
-                         f"(after a host sync {s['idle_after_sync_share']:.0%}), "
+            lines.append(f"  GPU busy {busy:.0%} of {basis}; idle: waiting for launch "
+                         f"{s['idle_launch_wait_share']:.0%} (after a host sync {s['idle_after_sync_share']:.0%}), "
                          f"other {s['idle_other_share']:.0%}")
             med = s["kernel_median_us"]
             lines.append(f"  per step: {s['kernels_per_step']:g} kernels, median "
@@ -356,10 +452,13 @@ class Diagnosis:
             cats = ", ".join(f"{c} {v:.0%}" for c, v in
                              sorted(s["category_shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
             lines.append(f"  GPU time by category: {cats or '-'}")
+            if self.kernel_check is not None:  # the kernels that a finding does not already list
+                listed = any(f.kind in ("slow_kernels", "busy_unchecked") for f in self.findings)
+                lines.extend(kernel_lines(self.kernel_check, basis, show_top=not listed))
             if s["communication_us_mean"]:
-                lines.append(f"  in collectives, not overlapped: {s['communication_share']:.0%} of step time "
+                lines.append(f"  in collectives, not overlapped: {s['communication_share']:.0%} of {basis} "
                              f"({s['communication_us_mean'] / 1000:.3f} ms per step, waits for other ranks included)")
-        lines.extend(findings_lines(self.findings, "none above thresholds"))
+        lines.extend(findings_lines(self.findings, "none above thresholds", basis))
         return "\n".join(lines)
 
 
@@ -508,12 +607,23 @@ def analyze_trace(
     source: str | os.PathLike[str] | Iterable[Mapping[str, Any]] | Trace,
     *,
     step_pattern: str | None = None,
+    cost: StepCost | Mapping[str, StepCost] | None = None,
+    unprofiled: Unprofiled | Mapping[str, Unprofiled] | None = None,
+    phase: str = "decode",
 ) -> Diagnosis:
     """Diagnose a chrome trace (path to ``.json``/``.json.gz``, event dicts, or a loaded Trace).
 
     ``step_pattern`` is a regular expression matched against whole ``record_function`` names to
     pick the step ranges; by default perfsdk's ``perfsdk.*`` ranges, then ``ProfilerStep#N``.
+    ``cost``: what a step must move and the peaks (:class:`~perfsdk.profiling.bandwidth.StepCost`),
+    for every step or per phase; ``unprofiled``: the step time without the profiler
+    (:class:`~perfsdk.profiling.observer.Unprofiled`), for every step or per phase; ``phase``: the
+    phase of steps that are not ``perfsdk.<phase>`` ranges.
     """
+    if phase not in PHASES:
+        raise ConfigError(f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
+    costs = _per_phase("cost", cost, StepCost)
+    refs = _per_phase("unprofiled", unprofiled, Unprofiled)
     trace = source if isinstance(source, Trace) else load_trace(source)
     spans, step_source = _step_spans(trace, step_pattern)
     if not spans:
@@ -597,6 +707,7 @@ def analyze_trace(
     non_comm_starts = [b[0] for b in non_comm]
     first_start = [min((o.ts for o in so), default=None) for so in step_ops]
     op_starts = [o.ts for o in ops]
+    shapes = ShapeIndex(trace) if ops else None
 
     for i, st in enumerate(steps):
         mine = step_ops[i]
@@ -650,20 +761,41 @@ def analyze_trace(
                         st.h2d_pageable_bytes += op.nbytes or 0
         st.kernels = len(kernel_durs)
         st.kernel_median_us = statistics.median(kernel_durs) if kernel_durs else None
+        st.kernel_tally = tally_kernels(
+            trace, (op for op in mine if op.cat == "kernel" and categorize(op.name, op.cat) != "communication"),
+            shapes)
 
-    diag = Diagnosis(source=trace.source, has_gpu=trace.has_gpu, step_source=step_source, steps=steps,
-                     findings=[], gaps=gaps, trace=trace)
-    diag.findings = _findings(diag)
-    return diag
+    return Diagnosis(source=trace.source, has_gpu=trace.has_gpu, step_source=step_source, steps=steps,
+                     findings=[], gaps=gaps, trace=trace, costs=costs, unprofiled=refs, phase=phase)._finish()
+
+
+def _per_phase(name: str, value: Any, kind: type) -> dict[str, Any]:
+    """``{phase: value}`` from one value for every phase or a mapping by phase; checks the types."""
+    if value is None:
+        return {}
+    if isinstance(value, kind):
+        return dict.fromkeys(PHASES, value)
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if k not in PHASES:
+                raise ConfigError(f"{name}: keys are phases ({', '.join(PHASES)}), got {k!r}")
+            if not isinstance(v, kind):
+                raise ConfigError(f"{name}[{k!r}]: expected a {kind.__name__}, got {v!r}")
+            out[k] = v
+        return out
+    raise ConfigError(f"{name}: expected a {kind.__name__} or a mapping of phase to {kind.__name__}, got {value!r}")
 
 
 # --- findings ---------------------------------------------------------------------------------
 
 
 def _findings(diag: Diagnosis) -> list[Finding]:
+    """The ranked findings over the diagnosis' basis steps (unprofiled where a reference was given)."""
+    basis = diag.basis_label
     if not diag.has_gpu:
-        return _host_findings(diag.steps)
-    steps = [s for s in diag.steps if s.gpu_window_us > 0]
+        return _host_findings(diag._basis(), basis)
+    steps = diag._gpu_steps()
     window = sum(s.gpu_window_us for s in steps)
     if window <= 0:
         return []
@@ -690,7 +822,7 @@ def _findings(diag: Diagnosis) -> list[Finding]:
                           "with the previous replay, and batch more requests per step.")
         out.append(Finding(
             "launch_bound", launch_wait,
-            f"GPU idle {launch_wait:.0%} of step time waiting for the host to launch the next op; GPU busy "
+            f"GPU idle {launch_wait:.0%} of {basis} waiting for the host to launch the next op; GPU busy "
             f"{busy:.0%}; {kernels:.0f} kernels per step with median {median:.1f} µs against "
             f"{per_step('launches'):.0f} launch calls per step",
             suggestion))
@@ -710,7 +842,7 @@ def _findings(diag: Diagnosis) -> list[Finding]:
         out.append(Finding(
             "sync_bound", after,
             f"{syncs:g} host synchronisations per step ({', '.join(parts)}){reads}; GPU idle {after:.0%} "
-            f"of step time right after a sync returned; host blocked {blocked:.0%}",
+            f"of {basis} right after a sync returned; host blocked {blocked:.0%}",
             "Remove host reads of device values inside the step (.item(), .tolist(), .cpu(), bool(tensor), "
             "torch.cuda.synchronize()); keep the value on the device, or copy it non_blocking into a pinned "
             "buffer and read it one step later."))
@@ -722,7 +854,7 @@ def _findings(diag: Diagnosis) -> list[Finding]:
         gbps = sum(s.copy_bytes for s in steps) / copy_s / 1e9 if copy_s > 0 else 0.0
         out.append(Finding(
             "copy_bound", copy,
-            f"host<->device copies take {copy:.0%} of step time: {per_step('h2d_copies'):g} host-to-device "
+            f"host<->device copies take {copy:.0%} of {basis}: {per_step('h2d_copies'):g} host-to-device "
             f"per step ({pageable:g} from pageable memory, {per_step('h2d_pageable_bytes') / 1e6:.1f} MB), "
             f"{per_step('d2h_copies'):g} device-to-host, at {gbps:.1f} GB/s",
             "Copy from pinned buffers (tensor.pin_memory(), reused each step) with non_blocking=True, "
@@ -732,41 +864,26 @@ def _findings(diag: Diagnosis) -> list[Finding]:
     if comm >= COMM_BOUND_MIN_SHARE:
         out.append(Finding(
             "communication_bound", comm,
-            f"collective kernels not overlapped by compute take {comm:.0%} of step time (time waiting for "
+            f"collective kernels not overlapped by compute take {comm:.0%} of {basis} (time waiting for "
             "slower ranks included)",
             "First compare every rank's trace of the same steps (perfsdk analyze rank0.json rank1.json): "
             "part of this may be waiting for a straggler, which no interconnect change wins back. For the "
             "transfer itself: overlap communication with compute (async collectives, a separate stream), send "
             "fewer and larger all-reduces (fuse them), or lower the tensor-parallel degree."))
 
-    # "healthy" means busy running kernels: time spent copying or in exposed collectives is
-    # already charged to its own finding, so it does not make a step look healthy
+    # the kernels' own time: healthy only near the peak (perfsdk.profiling.bandwidth). Time spent copying
+    # or in exposed collectives is already charged to its own finding, so it does not count as kernel time.
     working = max(busy - copy - comm, 0.0)
-    if working >= HEALTHY_BUSY_FRACTION:
-        names = {s.name for s in steps}
-        compute = names == {"perfsdk.prefill"} or (
-            "perfsdk.decode" not in names and "perfsdk.mixed" not in names
-            and median >= COMPUTE_KERNEL_MIN_US)
-        cats = diag.summary()["category_shares"]
-        top = ", ".join(f"{c} {v:.0%}" for c, v in sorted(cats.items(), key=lambda kv: -kv[1])[:3])
-        evidence = (f"GPU busy running kernels {working:.0%} of step time; {kernels:.0f} kernels per step, "
-                    f"median {median:.1f} µs; {top}")
-        if compute:
-            out.append(Finding(
-                "compute_bound", working, evidence,
-                "Healthy prefill: the GPU is busy doing math. Next: lower precision (FP8), fused attention "
-                "kernels, or fewer FLOPs (prefix caching, shorter prompts); compare MFU with the floor."))
-        else:
-            out.append(Finding(
-                "memory_bound", working, evidence,
-                "Healthy decode: the GPU is busy reading weights and KV cache. Next: read fewer bytes per "
-                "token (quantised weights or KV cache) or batch more requests per step; compare MBU with "
-                "the floor."))
+    if diag.kernel_check is not None:
+        phases = {diag.phase_of(s) for s in steps}
+        prefill_like = phases == {"prefill"} or (
+            diag.step_source != "perfsdk" and diag.phase == "decode" and median >= COMPUTE_KERNEL_MIN_US)
+        out.extend(kernel_findings(diag.kernel_check, working, window / n, basis, not prefill_like))
     out.sort(key=lambda f: -f.share)
     return out
 
 
-def _host_findings(steps: Sequence[StepStats]) -> list[Finding]:
+def _host_findings(steps: Sequence[StepStats], basis: str = "step time") -> list[Finding]:
     if not steps:
         return []
     reads = statistics.fmean(s.host_reads for s in steps)

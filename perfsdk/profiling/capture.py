@@ -241,19 +241,29 @@ def prune(directory: str | os.PathLike[str], keep: int) -> list[str]:
 
 
 def verdict(diagnosis: Mapping[str, Any], trace: str, steady: bool) -> str:
-    """The one log line: top finding, its share, the next change to try, and where the trace is."""
+    """The one log line: top finding, its share (of the unprofiled step where the diagnosis had one, and the
+    profiler's inflation), the next change to try, and where the trace is."""
     findings = diagnosis.get("findings") or []
     busy = diagnosis.get("gpu_busy_fraction")
     busy_txt = "" if busy is None else f", GPU busy {busy:.0%}"
     note = "" if steady else " [not steady: captured at the gate's timeout]"
+    observed = [o for o in (diagnosis.get("observer") or {}).values() if o.get("inflation") is not None]
+    if observed:
+        o = observed[0]
+        basis = f"of the unprofiled {o['unprofiled_step_us'] / 1000:.2f} ms step"
+        inflation = f"; profiling inflated steps {o['inflation']:.1f}x"
+    else:
+        why = diagnosis.get("unprofiled_note")
+        basis = "of the profiled step"
+        inflation = "; no unprofiled reference" + (f": {why}" if why else "")
     if not findings:
         cats = (diagnosis.get("summary") or {}).get("category_shares") or {}
         where = ""
         if cats and busy is None:  # a CPU-only trace: say where the host's operator time went
             top_cats = sorted(cats.items(), key=lambda kv: -kv[1])[:3]
             where = "; CPU-only trace, host op time: " + ", ".join(f"{c} {v:.0%}" for c, v in top_cats)
-        return f"perfsdk profile: no finding above thresholds{busy_txt}{where}{note}; trace: {trace}"
+        return f"perfsdk profile: no finding above thresholds{busy_txt}{inflation}{where}{note}; trace: {trace}"
     top = findings[0]
     advice = str(top.get("suggestion", "")).split(". ")[0].rstrip(".")
-    return (f"perfsdk profile: {top.get('kind')} ({float(top.get('share', 0.0)):.0%} of step time{busy_txt})"
+    return (f"perfsdk profile: {top.get('kind')} ({float(top.get('share', 0.0)):.0%} {basis}{busy_txt}{inflation})"
             f" -> {advice}{note}; trace: {trace}")

@@ -18,7 +18,10 @@ Only complete events (``"ph": "X"``) carry time; the categories that matter are
   the ``ac2g`` flow events carry the same id and are used when a GPU op lacks the arg);
 * ``cpu_op``, ``user_annotation`` — host work and ``record_function`` ranges (``ProfilerStep#N``,
   ``perfsdk.decode`` ...). ``gpu_user_annotation`` is Kineto's GPU-side echo of a range and is
-  *not* GPU activity: counting it would double the busy time.
+  *not* GPU activity: counting it would double the busy time. For the matrix products in
+  :data:`SHAPED_OPS`, a trace recorded with ``record_shapes=True`` also gives ``args["Input Dims"]``
+  and ``args["Input type"]``, kept as :attr:`Event.input_dims` / :attr:`Event.input_types` (what
+  :mod:`perfsdk.profiling.bandwidth` prices a kernel's bytes and FLOPs from).
 
 Times stay in the trace's unit, microseconds (Kineto writes fractional µs).
 
@@ -54,6 +57,7 @@ from perfsdk.errors import ConfigError
 __all__ = [
     "GPU_CATEGORIES",
     "HOST_API_CATEGORIES",
+    "SHAPED_OPS",
     "Event",
     "Trace",
     "load_trace",
@@ -67,6 +71,12 @@ GPU_CATEGORIES: frozenset[str] = frozenset({"kernel", "gpu_memcpy", "gpu_memset"
 HOST_API_CATEGORIES: frozenset[str] = frozenset({"cuda_runtime", "cuda_driver"})
 _ANNOTATION_CATEGORIES: frozenset[str] = frozenset({"user_annotation"})
 _CPU_OP_CATEGORIES: frozenset[str] = frozenset({"cpu_op", "python_function"})
+# operators whose recorded input shapes are kept: the matrix products, whose bytes and FLOPs follow from
+# their shapes. Only these: a trace of millions of operators would otherwise hold millions of shape lists.
+SHAPED_OPS: frozenset[str] = frozenset({
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+    "aten::mv", "aten::addmv", "aten::_scaled_mm",
+})
 
 Parser = Literal["auto", "msgspec", "json"]
 
@@ -85,6 +95,9 @@ class Event:
     stream: int | None = None
     graph_id: int | None = None
     nbytes: int | None = None
+    # SHAPED_OPS recorded with record_shapes=True: each input's dims ([] for a scalar) and type name
+    input_dims: tuple[tuple[int, ...], ...] | None = None
+    input_types: tuple[str, ...] | None = None
 
     @property
     def end(self) -> float:
@@ -191,6 +204,23 @@ def _int_or_none(v: Any) -> int | None:
     return None
 
 
+def _shapes(dims: Any, types: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]] | None:
+    """``Input Dims`` / ``Input type`` as tuples; None when absent or not lists of int lists and strings."""
+    if HAVE_MSGSPEC:  # deferred by the typed decoder (msgspec.Raw): decoded only for SHAPED_OPS
+        if isinstance(dims, msgspec.Raw):
+            dims = msgspec.json.decode(dims)
+        if isinstance(types, msgspec.Raw):
+            types = msgspec.json.decode(types)
+    if not isinstance(dims, list) or not isinstance(types, list) or len(dims) != len(types):
+        return None
+    out: list[tuple[int, ...]] = []
+    for d in dims:
+        if not isinstance(d, list) or not all(type(x) is int for x in d):
+            return None
+        out.append(tuple(d))
+    return tuple(out), tuple(t if isinstance(t, str) else "" for t in types)
+
+
 def _finite(v: Any) -> float | None:
     """``float(v)`` when that is a finite number (a timestamp or a duration), else None."""
     try:
@@ -250,20 +280,26 @@ class _Builder:
         length = 0.0 if dur is _MISSING else dur if type(dur) is float and dur - dur == 0.0 else _finite(dur)
         if start is None or length is None:
             return
+        op_name = (texts.get(name) if type(name) is str else None) or self._text(name)
+        shapes = None
         if isinstance(args, _RAW_ARGS):
             corr, stream, nbytes = args.correlation, args.stream, args.bytes
             graph = args.graph_id_spaced
             if graph is _UNSET:
                 graph = args.graph_id
+            if op_name in SHAPED_OPS and category in _CPU_OP_CATEGORIES:
+                shapes = _shapes(args.input_dims, args.input_types)
         elif isinstance(args, Mapping):
             corr, stream, nbytes = args.get("correlation"), args.get("stream"), args.get("bytes")
             # Kineto has spelled this one differently across versions
             graph = args.get("graph id", args.get("graph_id"))
+            if op_name in SHAPED_OPS and category in _CPU_OP_CATEGORIES:
+                shapes = _shapes(args.get("Input Dims"), args.get("Input type"))
         else:
             corr = stream = nbytes = graph = None
         text = self._text
         bucket.append(Event(
-            name=(texts.get(name) if type(name) is str else None) or text(name),
+            name=op_name,
             cat=category,
             ts=start,
             dur=max(length, 0.0),
@@ -275,6 +311,8 @@ class _Builder:
             graph_id=graph if type(graph) is int else None if graph is None or graph is _UNSET else _int_or_none(graph),
             nbytes=nbytes if type(nbytes) is int else None if nbytes is None or nbytes is _UNSET
             else _int_or_none(nbytes),
+            input_dims=None if shapes is None else shapes[0],
+            input_types=None if shapes is None else shapes[1],
         ))
 
     def add_dict(self, raw: Mapping[str, Any]) -> None:
@@ -321,6 +359,10 @@ try:
         bytes: Any = msgspec.UNSET
         graph_id_spaced: Any = msgspec.field(default=msgspec.UNSET, name="graph id")
         graph_id: Any = msgspec.UNSET
+        # kept undecoded (a slice of the input): decoded only for SHAPED_OPS, so that the shapes of
+        # every other operator cost nothing
+        input_dims: msgspec.Raw | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="Input Dims")
+        input_types: msgspec.Raw | msgspec.UnsetType = msgspec.field(default=msgspec.UNSET, name="Input type")
 
     class _RawEvent(msgspec.Struct, gc=False):
         ph: Any = msgspec.UNSET

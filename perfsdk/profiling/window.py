@@ -25,7 +25,8 @@ Usage::
 
 and in the log, one line per capture::
 
-    perfsdk profile: launch_bound (93% of step time, GPU busy 7%) -> Capture the step in a CUDA graph ...; trace: ...
+    perfsdk profile: launch_bound (91% of the unprofiled 2.09 ms step, GPU busy 9%; profiling inflated steps 1.3x)
+        -> Capture the step in a CUDA graph ...; trace: ...
 
 **Triggers.** :meth:`ProfilerWindow.trigger` (``mon.profile()``), ``POST /profile`` on the
 metrics server (loopback only unless a token is set), ``SIGUSR2`` only with ``signal=True`` (without
@@ -63,6 +64,21 @@ step runs on: a profiler failure never stops serving.
 **After.** A background thread writes the trace atomically (disk guard and retention count),
 runs :func:`~perfsdk.profiling.analyze.analyze_trace`, writes ``<trace>.diagnosis.json``, logs
 the verdict and sets ``perfsdk_profile_gpu_busy_fraction`` and ``perfsdk_profile_communication_fraction``.
+The verdict is about the window's decode steps (``Diagnosis.select("decode")``); prefills caught in the
+window are kept under ``"other_steps"`` in the diagnosis, not mixed into it.
+
+**Against the unprofiled step.** While it listens, the window keeps the median of the recent
+*unprofiled* decode steps per batch size (:class:`~perfsdk.profiling.observer.StepReference`, fed by the
+collector with every step's time); when the gate opens it takes the one for the gate's batch. The
+diagnosis then reports how much the profiler inflated the steps and computes every share against the
+unprofiled step — the kernels' busy time is what a profiler barely changes — and says so in the verdict
+(``launch_bound (44% of the unprofiled 2.09 ms step, GPU busy 56%; profiling inflated steps 2.7x)``);
+without a reference (too few steps at that batch yet) it says that instead.
+
+**Bytes against the peak.** With the Monitor's ``model=`` and ``hardware=``, the same unprofiled steps
+give the bytes a decode step must read (their MBU × time × bandwidth: batch and context included), so
+the diagnosis checks the kernels against the peak bandwidth (:mod:`perfsdk.profiling.bandwidth`):
+``memory_bound`` only near it, ``slow_kernels`` with the kernels to put under Nsight Compute otherwise.
 """
 
 from __future__ import annotations
@@ -74,7 +90,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from perfsdk.config import check_int, check_number
 from perfsdk.errors import ConfigError
@@ -90,18 +106,24 @@ from perfsdk.profiling.capture import (
     write_json_atomic,
     write_trace,
 )
+from perfsdk.profiling.observer import StepReference, Unprofiled
 from perfsdk.profiling.steady import SteadyGate
 from perfsdk.profiling.triggers import CaptureBudget, MbuDropDetector, SignalTrigger
+
+if TYPE_CHECKING:
+    from perfsdk.profiling.bandwidth import StepCost
 
 __all__ = ["MODES", "CaptureHandle", "CaptureResult", "ProfilerWindow", "WindowHost"]
 
 
 class WindowHost(Protocol):
-    """What a window needs of its Monitor (perfsdk.Monitor is one): its model and GPU (the automatic trigger
-    watches MBU), and ``window_deps()``: the error guard, the profile gauges' setter and the rank label."""
+    """What a window needs of its Monitor (perfsdk.Monitor is one): its model, GPU and compute dtype (the
+    automatic trigger watches MBU; the diagnosis prices a step's bytes and FLOPs against the GPU's peaks),
+    and ``window_deps()``: the error guard, the profile gauges' setter and the rank label."""
 
     model: Any
     hardware: Any
+    compute_dtype: str
 
     def window_deps(self) -> tuple[Any, Any, str]: ...
 
@@ -245,6 +267,12 @@ class ProfilerWindow:
                                   "profile_memory": profile_memory}
 
         self._errors, self._set_profile, self._rank = mon.window_deps()
+        self._model, self._hardware = mon.model, mon.hardware
+        self._compute_dtype: str | None = getattr(mon, "compute_dtype", None)
+        # unprofiled decode steps per batch: what a capture's steps are compared with (fed by the collector)
+        self._refs = StepReference()
+        self._reference: Unprofiled | None = None
+        self._reference_note = ""
         self._clock: Callable[[], float] = clock or time.monotonic
         # hot is the one attribute the serving thread reads per step; written under _lock only
         self.hot = False
@@ -327,6 +355,7 @@ class ProfilerWindow:
                 self._steady = self._gate.steady
                 self._step_cv = self._gate.cv()
                 self._batch = self._gate.batch
+                self._take_reference()
                 self._state = READY
                 handle.state = READY
                 self.hot = True
@@ -389,7 +418,7 @@ class ProfilerWindow:
 
     # ---- collector thread -----------------------------------------------------------------------
     def observe_step(self, phase: str, seconds: float, batch: int, mbu: float | None) -> None:
-        """Every resolved step: feed the gate and the automatic trigger (decode steps only)."""
+        """Every resolved step: feed the gate, the unprofiled reference and the automatic trigger (decode only)."""
         if phase != "decode":
             return
         st = self._state
@@ -399,6 +428,10 @@ class ProfilerWindow:
             self._reset_gate = False
             self._gate.reset()
         self._gate.observe(seconds, batch)
+        # the bytes this step had to read, back from its MBU (the core priced it: batch and context included)
+        hw = self._hardware
+        nbytes = mbu * seconds * hw.memory_bandwidth if mbu is not None and hw is not None else None
+        self._refs.observe(phase, batch, seconds, nbytes, self._clock())
         if st == ARMED:
             self._check_gate()
         elif self._detector is not None and mbu is not None and self._detector.observe(mbu):
@@ -414,6 +447,7 @@ class ProfilerWindow:
             self._steady = steady
             self._step_cv = self._gate.cv()
             self._batch = self._gate.batch
+            self._take_reference()
             self._state = READY
             self._handle.state = READY
             self.hot = True  # from now on the serving thread's next step starts the profiler
@@ -421,6 +455,14 @@ class ProfilerWindow:
             log.warning("perfsdk profile: decode steps not steady after %.0f s (step-time CV %s); capturing "
                         "anyway, marked not steady", self.steady_timeout_s,
                         "n/a" if self._step_cv is None else f"{self._step_cv:.3f}")
+
+    def _take_reference(self) -> None:
+        """The unprofiled decode steps at the gate's batch, as the window opens (caller holds the lock)."""
+        self._reference, self._reference_note = self._refs.get("decode", self._batch, self._clock())
+
+    def reference(self, batch: int | None = None) -> tuple[Unprofiled | None, str]:
+        """The unprofiled decode step time at *batch* (default: the gate's), or None and why there is none."""
+        return self._refs.get("decode", self._gate.batch if batch is None else batch, self._clock())
 
     def _auto_fire(self) -> None:
         det = self._detector
@@ -523,7 +565,9 @@ class ProfilerWindow:
                 self._state = IDLE
                 return
             handle.state = WRITING
-            meta = {"steady": self._steady, "step_cv": self._step_cv, "batch": self._batch}
+            ref = self._reference
+            meta = {"steady": self._steady, "step_cv": self._step_cv, "batch": self._batch,
+                    "unprofiled": None if ref is None else ref.to_dict(), "unprofiled_note": self._reference_note}
         t = threading.Thread(target=self._write_and_diagnose, args=(handle, session, meta, truncated),
                              name="perfsdk-profile-writer", daemon=True)
         self._workers = [w for w in self._workers if w.is_alive()] + [t]
@@ -566,15 +610,31 @@ class ProfilerWindow:
 
     def diagnose(self, trace: str, steady: bool = True, capture: dict[str, Any] | None = None,
                  ) -> tuple[dict[str, Any], str, str]:
-        """Diagnose *trace*, write ``<trace>.diagnosis.json``, log the verdict, export the busy gauge.
+        """Diagnose *trace*'s decode steps, write ``<trace>.diagnosis.json``, log the verdict, export the gauges.
 
+        Against the unprofiled reference in *capture* (``"unprofiled"``, taken when the window opened), or,
+        for a trace diagnosed on demand, the current one at ``capture["batch"]`` (default: the gate's batch).
         Returns (diagnosis dict, diagnosis path, verdict line).
         """
         from perfsdk.profiling.analyze import analyze_trace
 
-        diagnosis = analyze_trace(trace)
+        cap = dict(capture or {})
+        if "unprofiled" in cap:
+            ref = Unprofiled.from_dict(cap["unprofiled"]) if cap["unprofiled"] else None
+            note = str(cap.get("unprofiled_note") or "")
+        else:
+            ref, note = self.reference(cap.get("batch"))
+        full = analyze_trace(trace, cost={"decode": self._decode_cost(ref)},
+                             unprofiled=None if ref is None else {"decode": ref})
+        full.unprofiled_note = note
+        # the window is about its decode steps: prefills that fell inside it are recorded, not diagnosed with them
+        diagnosis = full.select("decode") or full
         d = diagnosis.to_dict()
-        d["capture"] = dict(capture or {}, steady=steady)
+        if diagnosis is not full:
+            d["phase"] = "decode"
+            d["other_steps"] = [s.to_dict() for s in full.steps if full.phase_of(s) != "decode"]
+        d["report"] = diagnosis.format_report()
+        d["capture"] = dict(cap, steady=steady)
         dpath = diagnosis_path(trace)
         write_json_atomic(dpath, d)
         line = verdict(d, trace, steady)
@@ -582,6 +642,32 @@ class ProfilerWindow:
         if self._set_profile is not None:
             self._set_profile(diagnosis.gpu_busy_fraction, diagnosis.communication_share)
         return d, dpath, line
+
+    def _decode_cost(self, ref: Unprofiled | None) -> StepCost:
+        """What a decode step at the reference's batch must read (its context recovered from the unprofiled
+        steps' bytes), against the Monitor's GPU; a cost with ``missing`` set where that is not known."""
+        from perfsdk.profiling.bandwidth import StepCost
+
+        model, hw = self._model, self._hardware
+        if model is None:
+            return StepCost(missing="the Monitor has no model (Monitor(model=...)), so a step's bytes are unknown")
+        if hw is None:
+            return StepCost(missing="the Monitor has no hardware (Monitor(hardware=...)), so there is no peak")
+        if ref is None or ref.bytes is None or ref.batch is None:
+            return StepCost(peak_bandwidth=hw.memory_bandwidth,
+                            missing="no unprofiled decode steps at this batch were priced before the window, so "
+                                    "the step's bytes are unknown")
+        from perfsdk import budget
+
+        # the bytes are the core's own (what MBU divided); the context, recovered from them, prices the FLOPs
+        context = 0
+        if model.has_attention_shape:
+            weights = budget.decode_step_bytes(model, 0)
+            context = max(round((ref.bytes - weights) / model.kv_bytes_per_token), 0)
+        cost = StepCost.decode(model, hw, batch=ref.batch, context_tokens=context, compute_dtype=self._compute_dtype)
+        return StepCost(bytes=ref.bytes, flops=cost.flops, peak_bandwidth=cost.peak_bandwidth,
+                        peak_flops=cost.peak_flops, missing=cost.missing,
+                        source=f"{cost.source}, as the unprofiled steps before the window")
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
