@@ -270,7 +270,7 @@ def test_ncu_names_are_the_kernels_function_names() -> None:
 def test_step_cost_from_a_model_and_a_gpu_and_bad_figures() -> None:
     m, h200 = ModelSpec.named("llama-3-8b"), get("h200")
     c = StepCost.decode(m, h200, batch=2, context_tokens=2048)
-    assert c.bytes == pytest.approx(m.weight_bytes + m.kv_bytes_per_token * 2048)
+    assert c.bytes == pytest.approx(m.step_weight_bytes + 2 * m.embedding_row_bytes + m.kv_bytes_per_token * 2048)
     assert c.peak_bandwidth == h200.memory_bandwidth and c.peak_flops == h200.peak_flops("bf16")
     assert "batch 2" in c.source and h200.display_name in c.source
     p = StepCost.prefill(m, h200, [512, 512])
