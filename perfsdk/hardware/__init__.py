@@ -75,6 +75,7 @@ __all__ = [
     "cache_path",
     "calibrate",
     "calibrated_spec",
+    "cpu_name",
     "detect",
     "device_info",
     "get",

@@ -16,8 +16,9 @@ A calibration is **not usable** (never cached, never turned into a spec) when an
 * is not a positive finite rate (a timer that did not advance, a failed kernel);
 * has a spread above :data:`MAX_SPREAD` (0.25): the middle half of its rounds spans more than a quarter
   of their median. The machine's speed changed while it was being measured (a neighbour process on the
-  cores, a clock or power state), so the median describes no steady state. A quiet GPU measures within
-  1-2 %; a 2-core VM shared with other work measured 2-20 % when quiet and 40-200 % when not;
+  cores, a clock or power state), so the median describes no steady state. Timed by CUDA events after a
+  warm-up, a GPU's rounds agree within a few percent; on a 2-core VM shared with other work, quick CPU
+  calibrations measured 0.1-17 % while it was quiet and 29-98 % while tests ran beside them;
 * is below :data:`DATASHEET_FLOOR` (a tenth) of the part's datasheet row, where the device has one: a
   healthy GPU copies at 80-90 % of its datasheet bandwidth and multiplies at 70-80 % of its dense peak,
   so a tenth means something other than the device's limit was measured (a busy or throttled GPU, a
@@ -289,6 +290,6 @@ class Calibration:
         kwargs = {key: value for key, value in data.items() if key in names}
         kwargs["spread"] = {key: Spread.from_dict(value) for key, value in (data.get("spread") or {}).items()}
         kwargs["problems"] = tuple(str(p) for p in data.get("problems") or ())
-        if not isinstance(kwargs.get("flops"), dict) or not isinstance(kwargs.get("details", {}), dict):
-            raise TypeError("flops and details must be objects")
+        if not all(isinstance(kwargs.get(key, {}), dict) for key in ("flops", "details", "machine")):
+            raise TypeError("flops, details and machine must be objects")
         return cls(**kwargs)

@@ -160,8 +160,10 @@ def probe_cpu(torch: Any, *, copy_bytes: int, gemm_n: Mapping[str, int], clock: 
     seconds = _cpu_seconds(clock)
     gen = torch.Generator().manual_seed(1)
     n_elems = max(1, copy_bytes // 4)
+    # ones, not randn: a copy's speed does not depend on the values, and filling 256 MiB with random
+    # numbers would cost more than the probe itself
     ops: dict[str, tuple[Callable[[], object], float]] = {
-        "copy": (_copier(torch.randn(n_elems, dtype=torch.float32, generator=gen)), 2.0 * n_elems * 4)
+        "copy": (_copier(torch.ones(n_elems, dtype=torch.float32)), 2.0 * n_elems * 4)
     }
     dtypes = _gemm_dtypes(torch)
     for key, size in gemm_n.items():
