@@ -306,11 +306,12 @@ def default_compute_dtype(model: ModelSpec | None) -> str:
     return "bf16" if dt.startswith(("int", "uint", "fp4", "nvfp4", "mxfp4")) or "byte" in dt else dt
 
 
-def warn_missing(model: ModelSpec | None, hardware: Any) -> None:
+def warn_missing(model: ModelSpec | None, hardware: Any, asked: Any = None) -> None:
     missing = []
     if model is None:
         missing.append("model=perfsdk.ModelSpec.named(...) or ModelSpec.from_hf_config(config)")
-    if hardware is None:
+    # hardware="calibrate" that came back empty has already warned, naming the problem and the fallback
+    if hardware is None and not (isinstance(asked, str) and asked.strip().lower() == "calibrate"):
         missing.append("hardware='h100-sxm' (a datasheet name), a HardwareSpec, or 'calibrate' (no GPU was detected)")
     if missing:
         log.warning("perfsdk: MBU/MFU are off until you pass %s. Latency metrics work without them.",

@@ -20,6 +20,7 @@ import difflib
 from collections.abc import Iterable
 
 __all__ = [
+    "CalibrationError",
     "ConfigError",
     "MissingDependencyError",
     "PerfsdkError",
@@ -43,6 +44,10 @@ class UnknownHardwareError(ConfigError):
 
 class UnknownModelError(ConfigError):
     """A model name that is not in the table of known models."""
+
+
+class CalibrationError(PerfsdkError):
+    """A calibration too noisy or implausible to use was asked for as a spec; the message says why."""
 
 
 class MissingDependencyError(PerfsdkError, ImportError):

@@ -206,8 +206,8 @@ class Monitor:
         self._collector: Collector | None = None
         self.model = assembly.resolve_model(env("PERFSDK_MODEL") if model is _UNSET else model)
         self.model_name = cfg.model_name or (self.model.name if self.model else "") or "unknown"
-        self.hardware = assembly.resolve_hardware((env("PERFSDK_HARDWARE") or "auto") if hardware is _UNSET
-                                                  else hardware)
+        asked = (env("PERFSDK_HARDWARE") or "auto") if hardware is _UNSET else hardware
+        self.hardware = assembly.resolve_hardware(asked)
         self.compute_dtype = cfg.compute_dtype or assembly.default_compute_dtype(self.model)
 
         parts = assembly.assemble(
@@ -225,7 +225,7 @@ class Monitor:
         if self._enabled:
             from perfsdk.collector import Collector
 
-            assembly.warn_missing(self.model, self.hardware)
+            assembly.warn_missing(self.model, self.hardware, asked)
             self._core.start()
             self._collector = Collector(
                 self._core, self._requests, parts.sinks, self._errors, model=self.model_name,

@@ -49,7 +49,8 @@ def test_perfsdk_demo_prints_the_report_and_exits_zero(tmp_path: Path) -> None:
         assert row in out
     assert "Traceback" not in proc.stderr
     assert ", 0 failed" in out
-    assert "calibrated" in out  # the CPU was measured, so floors and MBU/MFU are on
+    # the CPU was measured, so floors and MBU/MFU are on; or the machine was too busy to measure, and it says so
+    assert "calibrated" in out or "the calibration was not usable" in out
 
 
 def test_a_bad_calibration_never_reaches_the_report_as_a_utilisation_above_100_percent(tmp_path: Path) -> None:

@@ -297,58 +297,7 @@ def test_importing_hardware_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-# ---------------------------------------------------------------- calibration
-
-
-def test_cpu_calibration_and_cache_round_trip(cache_dir: Path) -> None:
-    cal = hw.calibrate("cpu", quick=True)
-    assert cal.backend == "cpu"
-    assert cal.quick
-    assert cal.torch_version == torch.__version__
-    assert math.isfinite(cal.copy_bandwidth)
-    assert cal.copy_bandwidth > 0
-    assert cal.flops
-    assert all(math.isfinite(v) and v > 0 for v in cal.flops.values())
-    assert "fp32" in cal.flops
-
-    files = list(cache_dir.glob("calibration-*.json"))
-    assert len(files) == 1
-    assert json.loads(files[0].read_text())["copy_bandwidth"] == cal.copy_bandwidth
-    assert hw.calibrate("cpu", quick=True) == cal  # served from the cache, identical
-
-    spec = cal.as_spec()
-    assert spec.memory_bandwidth == cal.copy_bandwidth
-    assert spec.peak_flops("float32") == cal.flops["fp32"]
-    assert spec.source.startswith(f"calibrated on {cal.device} at ")
-    assert cal.as_spec("mine").name == "mine"
-
-
-def test_cache_is_ignored_when_stale_or_broken(cache_dir: Path) -> None:
-    first = hw.calibrate("cpu", quick=True)
-    (path,) = cache_dir.glob("calibration-*.json")
-
-    data = json.loads(path.read_text())
-    data.update(torch_version="0.0.1", copy_bandwidth=1.0)
-    path.write_text(json.dumps(data))
-    again = hw.calibrate("cpu", quick=True)
-    assert again.copy_bandwidth != 1.0
-    assert again.torch_version == first.torch_version
-
-    path.write_text("{not json")
-    assert hw.calibrate("cpu", quick=True).copy_bandwidth > 0
-    assert json.loads(path.read_text())["device"] == first.device  # rewritten
-
-
-def test_quick_cache_does_not_serve_a_full_request(cache_dir: Path) -> None:
-    # a hand-made full calibration in the cache is what resolve("calibrate") returns
-    quick = hw.calibrate("cpu", quick=True)
-    (path,) = cache_dir.glob("calibration-*.json")
-    full = dataclasses.replace(quick, quick=False, copy_bandwidth=123e9)
-    path.write_text(json.dumps(full.as_dict()))
-    assert hw.calibrate("cpu", quick=True).copy_bandwidth == 123e9  # a full run serves a quick request
-    spec = hw.resolve("calibrate")
-    assert spec is not None
-    assert spec.memory_bandwidth == 123e9
+# ---------------------------------------------------------------- calibration (more in tests/test_calibration.py)
 
 
 def test_no_cache_measures_and_writes_nothing(cache_dir: Path) -> None:
@@ -373,25 +322,6 @@ def test_calibrate_cuda_without_gpu() -> None:
 
 
 # ---------------------------------------------------------------- CLI
-
-
-def test_cli_calibrate_json(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["calibrate", "--device", "cpu", "--json", "--no-cache", "--quick"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["backend"] == "cpu"
-    assert out["copy_bandwidth"] > 0
-    assert out["flops"]["fp32"] > 0
-    assert out["datasheet"] is None
-    assert not list(cache_dir.iterdir())
-
-
-def test_cli_calibrate_table(cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["calibrate", "--device", "cpu", "--quick"]) == 0
-    out = capsys.readouterr().out
-    assert "copy (read+write)" in out
-    assert "GEMM fp32" in out
-    assert "B/s" in out
-    assert list(cache_dir.glob("calibration-*.json"))
 
 
 def test_cli_hardware(capsys: pytest.CaptureFixture[str]) -> None:

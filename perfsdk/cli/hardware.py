@@ -3,42 +3,58 @@
 ::
 
     perfsdk calibrate                      # the GPU if there is one, else the CPU; cached per device
-    perfsdk calibrate --device cpu --json  # machine-readable
-    perfsdk calibrate --no-cache --quick   # re-measure, smaller sizes
+    perfsdk calibrate --device cpu --json  # machine-readable: medians, spreads, every round, the machine
+    perfsdk calibrate --no-cache --quick   # re-measure, smaller sizes, fewer rounds
+    perfsdk calibrate --rounds 15          # more rounds per figure
     perfsdk hardware                       # every datasheet row: bandwidth and dense peaks
     perfsdk hardware "H100 SXM" --json     # one row
 
-On a GPU that is in the table, ``calibrate`` also prints each measurement as a fraction of the
-datasheet peak: a healthy H200 copies at ~85% of 4.8 TB/s and multiplies bf16 at ~78% of 989 TFLOP/s.
+``calibrate`` prints each figure's median over its rounds and its spread (the interquartile range over
+the median, and the slowest and fastest round). A calibration that is too noisy or implausible (see
+:mod:`perfsdk.hardware.calibration`) is printed with its problems and what perfsdk uses instead, is not
+cached, and the command exits 1; a usable one exits 0. On a GPU that is in the table each figure is
+also shown as a fraction of the datasheet peak: a healthy H200 copies at ~85% of 4.8 TB/s and multiplies
+bf16 at ~78% of 989 TFLOP/s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from typing import Any
 
 from perfsdk import hardware
-from perfsdk.errors import UnknownHardwareError
+from perfsdk.hardware.calibration import format_rate, label, unit
+from perfsdk.hardware.calibration_cache import max_age_days
 
-__all__ = ["register"]
+__all__ = ["format_calibration", "register"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``calibrate`` and ``hardware`` to the ``perfsdk`` command line."""
     cal = sub.add_parser(
         "calibrate",
-        help="measure achievable copy bandwidth and GEMM FLOP/s on this machine",
+        help="measure achievable copy bandwidth and GEMM FLOP/s on this machine, with their spread",
         description="Measure the achievable copy bandwidth (bytes read + written) and GEMM rate of a "
-        "device. Results are cached per device under $PERFSDK_CACHE_DIR or ~/.cache/perfsdk.",
+        "device, each the median of several rounds, with its spread. A usable result is cached per device "
+        "under $PERFSDK_CACHE_DIR or ~/.cache/perfsdk for --max-age-days; a noisy or implausible one is "
+        "neither cached nor used (exit code 1).",
     )
     cal.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: auto")
     cal.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    cal.add_argument(
-        "--no-cache", action="store_true", help="re-measure, ignoring (and not writing) the cache"
-    )
-    cal.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
+    cal.add_argument("--no-cache", action="store_true", help="re-measure, ignoring (and not writing) the cache")
+    cal.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
     cal.add_argument("--size-mb", type=int, default=None, help="copy buffer size in MiB")
+    cal.add_argument("--rounds", type=int, default=None,
+                     help="rounds per figure (default: 5 quick / 9 on a CPU, 10 / 20 on a GPU)")  # fmt: skip
+    cal.add_argument(
+        "--max-age-days",
+        type=float,
+        default=None,
+        help="use a cached calibration up to this age (default 7; $PERFSDK_CALIBRATION_MAX_AGE_DAYS)",
+    )
     cal.set_defaults(func=_run_calibrate)
 
     hw = sub.add_parser("hardware", help="list the datasheet table (or one row)")
@@ -47,49 +63,79 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     hw.set_defaults(func=_run_hardware)
 
 
-def _rate(value: float, unit: str) -> str:
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
-        if value >= scale:
-            return f"{value / scale:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}"
+def format_calibration(cal: hardware.Calibration) -> str:
+    """The table ``perfsdk calibrate`` prints: medians, spreads, datasheet fractions, problems, the cache."""
+    spec = cal.datasheet()
+    threads = cal.details.get("threads")
+    where = f"{cal.backend}, torch {cal.torch_version}" + (f", {threads} threads" if threads else "")
+    host = cal.machine.get("hostname")
+    rounds = sorted({s.rounds for s in cal.spread.values()})
+    rows: list[tuple[str, str]] = [
+        ("device", f"{cal.device} ({where}" + (f", host {host})" if host else ")")),
+        ("measured", f"{cal.measured_at}" + (" (quick)" if cal.quick else "")
+         + f": median of {'/'.join(map(str, rounds)) or '?'} rounds per figure"),
+        ("", f"{'median':>13}  {'spread':>7}  rounds from slowest to fastest"),
+    ]  # fmt: skip
+    for key, value in cal.figures.items():
+        u = unit(key)
+        s = cal.spread.get(key)
+        spread = f"{s.rel_iqr:7.1%}  {format_rate(s.low, u)} - {format_rate(s.high, u)}" if s else f"{'-':>7}"
+        peak = (spec.memory_bandwidth if key == "copy" else spec.flops.get(key)) if spec else None
+        versus = f"   {value / peak:.1%} of datasheet {format_rate(peak, u)}" if peak else ""
+        # fp32 is measured with TF32 off, so it lines up with the non-tensor "fp32" peak
+        rows.append(("copy (read+write)" if key == "copy" else label(key),
+                     f"{format_rate(value, u):>13}  {spread}{versus}"))  # fmt: skip
+    if cal.problems:
+        for i, problem in enumerate(cal.problems):
+            rows.append(("NOT USABLE" if i == 0 else "", problem))
+        rows.append(("instead", f"perfsdk uses {cal.fallback()[1]}"))
+    if cal.cache:
+        rows.append(("cache", cal.cache))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{key:<{width}}  {value}" for key, value in rows]
+    lines.append(f"spread: the interquartile range of the rounds over their median; a figure above "
+                 f"{hardware.MAX_SPREAD:.0%} is not used")  # fmt: skip
+    return "\n".join(lines)
 
 
-def _datasheet_for(cal: hardware.Calibration) -> hardware.HardwareSpec | None:
-    if cal.backend == "cpu":
-        return None
-    try:
-        return hardware.match_device_name(cal.device, None)
-    except UnknownHardwareError:
-        return None
+def _finite(value: Any) -> Any:
+    """*value* with every non-finite float replaced by None: JSON has no Infinity or NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
-    cal = hardware.calibrate(args.device, cache=not args.no_cache, size_mb=args.size_mb, quick=args.quick)
-    spec = _datasheet_for(cal)
+    cal = hardware.calibrate(
+        args.device, cache=not args.no_cache, size_mb=args.size_mb, quick=args.quick, rounds=args.rounds,
+        max_age_days=args.max_age_days,
+    )  # fmt: skip
+    fallback, instead = cal.fallback()
     if args.json:
+        spec = cal.datasheet()
         out: dict[str, Any] = cal.as_dict()
         out["datasheet"] = spec.as_dict() if spec is not None else None
-        print(json.dumps(out, indent=2, sort_keys=True))
-        return 0
-
-    def versus(measured: float, peak: float | None, unit: str) -> str:
-        return f"   {measured / peak:6.1%} of datasheet {_rate(peak, unit)}" if peak else ""
-
-    threads = cal.details.get("threads")
-    where = f"{cal.backend}, torch {cal.torch_version}" + (f", {threads} threads" if threads else "")
-    rows = [
-        ("device", f"{cal.device} ({where})"),
-        ("measured", f"{cal.measured_at}" + (" (quick)" if cal.quick else "")),
-        ("copy (read+write)", f"{_rate(cal.copy_bandwidth, 'B/s'):>12}"
-         + versus(cal.copy_bandwidth, spec.memory_bandwidth if spec else None, 'B/s')),
-    ]  # fmt: skip
-    for dtype, rate in cal.flops.items():
-        # fp32 is measured with TF32 off, so it lines up with the non-tensor "fp32" peak
-        peak = spec.flops.get(dtype) if spec else None
-        rows.append((f"GEMM {dtype}", f"{_rate(rate, 'FLOP/s'):>12}" + versus(rate, peak, "FLOP/s")))
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
+        out["fallback"] = None if cal.usable else {
+            "spec": fallback.as_dict() if fallback is not None else None, "description": instead}  # fmt: skip
+        out["limits"] = {
+            "max_spread": hardware.MAX_SPREAD,
+            "datasheet_floor": hardware.DATASHEET_FLOOR,
+            "datasheet_ceiling": hardware.DATASHEET_CEILING,
+            "probe_margin": hardware.PROBE_MARGIN,
+            "max_age_days": max_age_days(args.max_age_days),
+        }
+        print(json.dumps(_finite(out), indent=2, sort_keys=True))
+    else:
+        print(format_calibration(cal))
+    if not cal.usable:
+        print(f"perfsdk: this calibration is not usable, so it is neither cached nor used: {'; '.join(cal.problems)}. "
+              f"perfsdk uses {instead}. Measure again on a quieter machine (or with --rounds), or pass the "
+              f"ceilings yourself (perfsdk.HardwareSpec).", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 
@@ -109,8 +155,7 @@ def _run_hardware(args: argparse.Namespace) -> int:
     for row in lines:
         print(
             "  ".join(
-                cell.ljust(w) if i == 0 else cell.rjust(w)
-                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+                cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
             )
         )
     print("\ndense peaks (sparsity figures halved); int8 in TOPS. Sources: perfsdk.hardware.get(name).source")

@@ -186,7 +186,7 @@ def _peaks(device: str, calibrate: bool) -> tuple[Any, str, float | None]:
     if calibrate:
         try:
             cal = hardware.calibrate(device="cuda" if device.startswith("cuda") else "cpu", quick=True)
-            cal_bw = cal.copy_bandwidth
+            cal_bw = cal.copy_bandwidth if cal.usable else None  # a noisy measurement is not a ceiling
         except Exception as e:  # no calibration: the "calibrated" column stays empty
             log.warning("perfsdk ladder: calibration failed: %s", e)
     return hw, note, cal_bw

@@ -14,7 +14,8 @@ This is what ``perfsdk demo`` runs, and what the tests start. The monitor is a r
 :class:`perfsdk.Monitor` with its own Prometheus registry; its model spec is counted from the module
 (:func:`demo_model_spec`: int8 weights at one byte, their scales included) and its hardware is the GPU's
 datasheet row on CUDA, or a quick calibration of this CPU (copy bandwidth and matmul rate, cached)
-elsewhere. ``engine="auto"`` is the eager engine on a CPU and the fastest rung on CUDA.
+elsewhere, when that calibration is usable (else none: MBU/MFU off, with a warning). ``engine="auto"``
+is the eager engine on a CPU and the fastest rung on CUDA.
 """
 
 from __future__ import annotations
@@ -100,9 +101,8 @@ def _hardware(device: str, calibrate: bool) -> tuple[Any, str]:
                 return hw, f"datasheet: {hw.display_name}"
     if not calibrate:
         return None, "not measured (--no-calibrate): MBU/MFU are off"
-    cal = hardware.calibrate(device="cuda" if device.startswith("cuda") else "cpu", quick=True)
-    spec = cal.as_spec()
-    return spec, f"calibrated: {spec.display_name}"
+    # a noisy or implausible measurement is not used: the datasheet row or no spec, and a warning
+    return hardware.calibrated_spec(device="cuda" if device.startswith("cuda") else "cpu", quick=True)
 
 
 def _monitor(spec: Any, hw: Any, model_name: str, profile_dir: str | None = None) -> Any:
