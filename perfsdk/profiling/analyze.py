@@ -59,7 +59,7 @@ from typing import Any
 
 from perfsdk.errors import ConfigError
 from perfsdk.profiling.categories import CATEGORIES, categorize, categorize_cpu_op
-from perfsdk.profiling.trace_events import Event, Trace, load_trace
+from perfsdk.profiling.trace_events import DEFAULT_MAX_BYTES, Event, Trace, load_trace
 
 __all__ = [
     "COMM_BOUND_MIN_SHARE",
@@ -508,13 +508,16 @@ def analyze_trace(
     source: str | os.PathLike[str] | Iterable[Mapping[str, Any]] | Trace,
     *,
     step_pattern: str | None = None,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> Diagnosis:
     """Diagnose a chrome trace (path to ``.json``/``.json.gz``, event dicts, or a loaded Trace).
 
     ``step_pattern`` is a regular expression matched against whole ``record_function`` names to
     pick the step ranges; by default perfsdk's ``perfsdk.*`` ranges, then ``ProfilerStep#N``.
+    ``max_bytes``: the most JSON read from a file, after decompression (2 GiB; None: no limit), as
+    in :func:`~perfsdk.profiling.trace_events.load_trace`.
     """
-    trace = source if isinstance(source, Trace) else load_trace(source)
+    trace = source if isinstance(source, Trace) else load_trace(source, max_bytes=max_bytes)
     spans, step_source = _step_spans(trace, step_pattern)
     if not spans:
         raise ConfigError(
