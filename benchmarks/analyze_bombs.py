@@ -49,8 +49,10 @@ print(json.dumps({"load_s": t1 - t0, "peak_rss_bytes": resource.getrusage(resour
                   "events": len(trace.gpu_ops) + len(trace.cpu_ops) + len(trace.runtime) + len(trace.annotations)}))
 """
 
-_EVENTS = (b'{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 0, "tid": 0, "ts": 0, "dur": 10}, '
-           b'{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 0, "tid": 0, "ts": 1, "dur": 5}')
+_EVENTS = (
+    b'{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 0, "tid": 0, "ts": 0, "dur": 10}, '
+    b'{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 0, "tid": 0, "ts": 1, "dur": 5}'
+)
 _HEAD = b'{"traceEvents": ['
 
 # name -> (before the bulk, one MiB of the bulk, after it)
@@ -72,8 +74,7 @@ def write_bomb(path: Path, shape: str, mib: int) -> None:
 
 
 def _code_at(ref: str, into: Path) -> Path:
-    blob = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "perfsdk"], check=True,
-                          capture_output=True).stdout
+    blob = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "perfsdk"], check=True, capture_output=True).stdout
     with tarfile.open(fileobj=BytesIO(blob)) as tar:
         tar.extractall(into, filter="data")
     return into
@@ -81,8 +82,9 @@ def _code_at(ref: str, into: Path) -> Path:
 
 def measure(path: Path, code: Path) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(code))
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(path)], env=env, cwd=str(code), capture_output=True,
-                          text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(path)], env=env, cwd=str(code), capture_output=True, text=True, check=True
+    )
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return out
 
@@ -100,12 +102,12 @@ def main() -> int:
     codes = {"after": ROOT}
     if args.before:
         codes = {"before": _code_at(args.before, tmp / "before"), "after": ROOT}
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=False).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     result: dict[str, Any] = {
         "benchmark": "analyze_bombs",
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "code": {"after": f"working tree at {head}", "before": args.before},
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "rows": [],
@@ -124,8 +126,12 @@ def main() -> int:
                 last[name] = r["load_s"]
                 row[name] = r
                 ratio = "" if r["ratio_to_half_size"] is None else f"  x{r['ratio_to_half_size']:.2f}"
-                print(f"{shape:26s} {mib:5d} MiB  {name:6s} {r['load_s']:8.2f} s{ratio:8s} "
-                      f"{r['peak_rss_bytes'] / 2**20:8.0f} MiB", file=sys.stderr, flush=True)
+                print(
+                    f"{shape:26s} {mib:5d} MiB  {name:6s} {r['load_s']:8.2f} s{ratio:8s} "
+                    f"{r['peak_rss_bytes'] / 2**20:8.0f} MiB",
+                    file=sys.stderr,
+                    flush=True,
+                )
             result["rows"].append(row)
             path.unlink()
             if args.out:

@@ -10,6 +10,8 @@ SGLang's ``--profile`` output, or a user's ``prof.export_chrome_trace(...)``::
     trace.runtime        # cudaLaunchKernel, cudaGraphLaunch, cudaMemcpyAsync, cuda*Synchronize ...
     trace.launch_of(op)  # the host call that enqueued a GPU op (by correlation id)
     trace.rank           # torch.distributed rank from the trace's "distributedInfo" (None if absent)
+    trace.read           # what reading it cost: bytes read (decompressed), scanned and parsed
+    load_trace(path, max_bytes=8 * 2**30)   # read past the default limit of 2 GiB of JSON
 
 Only complete events (``"ph": "X"``) carry time; the categories that matter are
 
@@ -30,9 +32,19 @@ fields never built), so memory holds the events the analyser keeps, not the docu
 small typed records; without it the standard library's ``json`` parses the pieces, slower but with
 the same result. ``load_trace(path, parser="json")`` forces the standard library.
 
-Bad input raises :class:`~perfsdk.errors.ConfigError` naming the file: unreadable or truncated
-files, text that is not JSON, nesting deeper than the parser's recursion limit, a document without
-a ``traceEvents`` list. Events with a ``ts`` or ``dur`` that is not a finite number are skipped.
+**Hostile files.** At most ``max_bytes`` of JSON are read (:data:`DEFAULT_MAX_BYTES`, 2 GiB, counted
+after decompression; ``None``: no limit): past it, :class:`TraceTooLargeError`, and nothing beyond
+the limit is decompressed, so a 1 MB ``.gz`` holding 1 GiB costs what its first 2 GiB would. Up to
+the limit the reader's work is linear in the file, whatever it holds (long runs of whitespace, one
+huge string, strings full of ``},``, deep objects): :attr:`Trace.read` counts it (:class:`ReadStats`).
+Whitespace before the document and between pieces is dropped as it is read; an event or a string is
+held whole while it is parsed, so memory is bounded by the limit, not by a piece.
+
+Bad input raises :class:`~perfsdk.errors.ConfigError` naming the file and, where it can, the byte:
+unreadable or truncated files, text that is not JSON, bytes that are not UTF-8, nesting deeper than
+the parser's recursion limit, a number of more digits than Python converts to int (4300; the msgspec
+reader only sees the numbers in the fields it reads), a document without a ``traceEvents`` list.
+Events with a ``ts`` or ``dur`` that is not a finite number (NaN, Infinity, 1e999) are skipped.
 """
 
 from __future__ import annotations
@@ -563,11 +575,13 @@ class _Stream:
     so no event is ever split or merged; the document around the array is checked at the end.
 
     Linear time, whatever the file holds: every search resumes where the last one stopped (never from
-    the start of the piece), whitespace between events is dropped as it is passed, a wrong cut inside
-    a string moves past that whole string (the parser says where it starts), any other wrong cut
-    doubles the piece (so the bytes parsed in failed tries are at most those of the piece that
-    parses), and at the end of the file the parser itself finds where the array ends. Memory: one
-    piece and one read block, or the longest event when it is longer.
+    the start of the piece), a wrong cut inside a string moves past that whole string (the parser
+    says where it starts), any other wrong cut doubles the piece (so the bytes parsed in failed tries
+    are at most twice those of the piece that parses; after _MAX_MISCUTS the whole document is parsed
+    instead), and at the end of the file the parser itself finds where the array ends. Memory: one
+    piece and one read block, or the longest event when it is longer. Whitespace is dropped as it is
+    passed: before the document, before a piece, and after the array; a piece that would run into a
+    long stretch without a cut (whitespace between events) ends at the last cut before it instead.
 
     ``buf[0]`` is the byte before the next event (the array's ``[``, a ``,`` or whitespace); a piece
     is parsed in place, ``buf[0]`` and the byte after its last ``}`` overwritten by ``[`` and ``]``.
