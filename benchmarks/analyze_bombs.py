@@ -18,7 +18,7 @@ its peak RSS (``ru_maxrss``, the interpreter included). ``--before REF`` runs th
 from ``git archive REF``. The ratio column is each time over the time at the previous (half) size:
 about 2 when the work is linear, about 4 when it is quadratic. ``--before-max-mib`` stops the old code
 early (it takes minutes past 256 MiB). No test asserts these times; tests/test_trace_events.py counts
-the reader's work instead (``Trace.read``).
+the reader's work instead (``Trace.read_stats``).
 """
 
 from __future__ import annotations

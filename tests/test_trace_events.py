@@ -326,7 +326,7 @@ def test_the_limit_is_on_decompressed_bytes_and_configurable(tmp_path: Path) -> 
     path.write_text(LAYOUTS["kineto-like"])
     size = path.stat().st_size
     assert len(load_trace(path, max_bytes=size).gpu_ops) == 41  # exactly the limit: read
-    assert load_trace(path).read.bytes_read == size
+    assert load_trace(path).read_stats.bytes_read == size
     with pytest.raises(te.TraceTooLargeError, match=rf"of JSON in the file \({size - 1} bytes, the limit\)"):
         load_trace(path, max_bytes=size - 1)
     assert len(load_trace(path, max_bytes=None).gpu_ops) == 41
@@ -394,7 +394,7 @@ def test_reading_work_grows_linearly_with_the_file(tmp_path: Path, monkeypatch: 
         path.write_bytes(SHAPES[shape](mib * 2**20))
         trace = load_trace(path, parser=parser)
         assert [op.correlation for op in trace.gpu_ops][:2] == [1, 2]
-        stats = trace.read
+        stats = trace.read_stats
         assert stats.streamed and stats.bytes_read == path.stat().st_size
         assert stats.bytes_scanned <= 3 * stats.bytes_read, stats
         assert stats.bytes_parsed <= 4 * stats.bytes_read, stats

@@ -10,7 +10,7 @@ SGLang's ``--profile`` output, or a user's ``prof.export_chrome_trace(...)``::
     trace.runtime        # cudaLaunchKernel, cudaGraphLaunch, cudaMemcpyAsync, cuda*Synchronize ...
     trace.launch_of(op)  # the host call that enqueued a GPU op (by correlation id)
     trace.rank           # torch.distributed rank from the trace's "distributedInfo" (None if absent)
-    trace.read           # what reading it cost: bytes read (decompressed), scanned and parsed
+    trace.read_stats     # what reading it cost: bytes read (decompressed), scanned and parsed
     load_trace(path, max_bytes=8 * 2**30)   # read past the default limit of 2 GiB of JSON
 
 Only complete events (``"ph": "X"``) carry time; the categories that matter are
@@ -34,11 +34,12 @@ the same result. ``load_trace(path, parser="json")`` forces the standard library
 
 **Hostile files.** At most ``max_bytes`` of JSON are read (:data:`DEFAULT_MAX_BYTES`, 2 GiB, counted
 after decompression; ``None``: no limit): past it, :class:`TraceTooLargeError`, and nothing beyond
-the limit is decompressed, so a 1 MB ``.gz`` holding 1 GiB costs what its first 2 GiB would. Up to
-the limit the reader's work is linear in the file, whatever it holds (long runs of whitespace, one
-huge string, strings full of ``},``, deep objects): :attr:`Trace.read` counts it (:class:`ReadStats`).
-Whitespace before the document and between pieces is dropped as it is read; an event or a string is
-held whole while it is parsed, so memory is bounded by the limit, not by a piece.
+the limit is decompressed, so a small ``.gz`` that would expand to 100 GiB costs what 2 GiB cost. Up
+to the limit the reader's work is linear in the file, whatever it holds (long runs of whitespace,
+one huge string, strings full of ``},``, deep objects): :attr:`Trace.read_stats` counts it
+(:class:`ReadStats`). Whitespace before the document, between pieces and after the events is dropped
+as it is read; an event or a string is held whole while it is parsed, so memory is bounded by the
+limit (about twice the longest string), not by a piece.
 
 Bad input raises :class:`~perfsdk.errors.ConfigError` naming the file and, where it can, the byte:
 unreadable or truncated files, text that is not JSON, bytes that are not UTF-8, nesting deeper than
@@ -98,7 +99,7 @@ class TraceTooLargeError(ConfigError):
 
 @dataclass
 class ReadStats:
-    """What reading one trace cost (:attr:`Trace.read`), counted as the reader works.
+    """What reading one trace cost (:attr:`Trace.read_stats`), counted as the reader works.
 
     Every count grows linearly with the file, whatever it holds (long runs of whitespace, one huge
     string, cut patterns inside strings); ``tests/test_trace_events.py`` checks that on such files.
@@ -110,7 +111,6 @@ class ReadStats:
     parses: int = 0  # parser calls (a piece msgspec refuses and json then takes counts twice)
     pieces: int = 0  # runs of events parsed
     streamed: bool = True  # False: the document was laid out otherwise and parsed whole
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +150,7 @@ class Trace:
     rank: int | None = None
     world_size: int | None = None
     # what reading the file cost (bytes read, scanned and parsed); all zero for a list of events
-    read: ReadStats = field(default_factory=ReadStats, repr=False, compare=False)
+    read_stats: ReadStats = field(default_factory=ReadStats, repr=False, compare=False)
     _launch_by_corr: dict[int, Event] = field(default_factory=dict, repr=False)
 
     @property
@@ -164,8 +164,8 @@ class Trace:
         return self._launch_by_corr.get(op.correlation)
 
 
-def read_trace_events(path: str | os.PathLike[str], *, max_bytes: int | None = DEFAULT_MAX_BYTES,
-                      ) -> list[dict[str, Any]]:
+def read_trace_events(path: str | os.PathLike[str], *,
+                      max_bytes: int | None = DEFAULT_MAX_BYTES) -> list[dict[str, Any]]:
     """The raw ``traceEvents`` list of a ``.json`` or ``.json.gz`` chrome trace (the whole list in memory).
 
     :func:`load_trace` streams the file instead (see the module docstring). *max_bytes* as there.
@@ -219,10 +219,14 @@ class _Limited:
         self._taken = 0
 
     def read(self, n: int = -1) -> bytes:
+        if n < 0:  # all of it, a block at a time: never one buffer of the limit's size up front
+            blocks = []
+            while block := self.read(_READ):
+                blocks.append(block)
+            return b"".join(blocks)
         limit = self._limit
         if limit is not None:
-            room = limit - self._taken + 1
-            n = room if n < 0 else min(n, room)
+            n = min(n, limit - self._taken + 1)
         data = self._f.read(n)
         self._taken += len(data)
         self._stats.bytes_read += len(data)
@@ -884,7 +888,7 @@ def load_trace(source: str | os.PathLike[str] | Iterable[Mapping[str, Any]], *,
         for raw in events:
             builder.add_dict(raw)
     trace = builder.finish()
-    trace.read = stats
+    trace.read_stats = stats
     dist = meta.get("distributedInfo")
     if isinstance(dist, Mapping):
         trace.rank, trace.world_size = _int_or_none(dist.get("rank")), _int_or_none(dist.get("world_size"))
