@@ -52,6 +52,52 @@ def test_rules_pass_promtool_check_and_unit_tests() -> None:
     assert "SUCCESS" in unit.stdout
 
 
+def test_every_alert_has_a_promtool_case_that_fires_it_and_one_that_does_not() -> None:
+    # before: PerfsdkTTFTHigh and PerfsdkStraggler were only ever tested firing
+    alerts = re.findall(r"^\s*- alert: (\w+)$", (GRAFANA / "perfsdk-rules.yml").read_text(), re.MULTILINE)
+    cases = re.findall(r"^\s*alertname: (\w+)\n\s*exp_alerts:(.*)$", (GRAFANA / "perfsdk-rules.test.yml").read_text(),
+                       re.MULTILINE)
+    assert len(alerts) >= 8 and cases
+    fires = {name for name, exp in cases if exp.strip() != "[]"}
+    quiet = {name for name, exp in cases if exp.strip() == "[]"}
+    assert not set(alerts) - fires, f"never tested firing: {sorted(set(alerts) - fires)}"
+    assert not set(alerts) - quiet, f"never tested quiet: {sorted(set(alerts) - quiet)}"
+
+
+@needs_promtool
+def test_the_targets_up_panel_shows_a_dead_target_for_as_long_as_it_is_down(tmp_path: Path) -> None:
+    # before: present_over_time(...[1h]) dropped the dead target from the panel an hour after its last sample.
+    # The panel's own query, evaluated by promtool with the rules loaded over a job whose only target dies
+    # at 11m and stays down for three hours.
+    assert PROMTOOL is not None
+    (panel,) = [p for p in _dashboard()["panels"] if p.get("title") == "perfsdk targets up"]
+    (expr,) = [t["expr"] for t in panel["targets"]]
+    expr = expr.replace("$instance", ".*")
+    target = '{job="solo",instance="gpu-7:9400"}'
+
+    def at(minutes: int, value: int | None) -> dict[str, Any]:
+        samples = [] if value is None else [{"labels": target, "value": value}]
+        return {"expr": expr, "eval_time": f"{minutes}m", "exp_samples": samples}
+
+    test = {  # JSON is YAML
+        "rule_files": [str(GRAFANA / "perfsdk-rules.yml")],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": "up" + target, "values": "1x10 0x180"},
+                {"series": "perfsdk_dropped_records_total" + target, "values": "0x10"},
+                {"series": 'up{job="node",instance="gpu-7:9100"}', "values": "0x190"},  # not perfsdk's
+            ],
+            "promql_expr_test": [at(5, 1), at(20, 0), at(75, 0), at(180, 0)],
+        }],
+    }
+    path = tmp_path / "panel.test.yml"
+    path.write_text(json.dumps(test))
+    unit = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, check=False)
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+
+
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="grafana-foundation-sdk, which builds it, needs Python 3.11")
 def test_the_committed_dashboard_is_what_the_generator_builds() -> None:
     run = subprocess.run([sys.executable, str(GRAFANA / "build_dashboard.py"), "--check"],
@@ -169,7 +215,8 @@ def test_every_panel_query_and_recording_rule_runs_on_a_real_prometheus(
     assert 0.2 < mbu <= 0.5
     for rule in ("perfsdk:decode_mbu:mean5m", "perfsdk:prefill_mfu:mean5m", "perfsdk:decode_mbu:ratio_rate5m",
                  "perfsdk:decode_mbu:fleet_ratio_rate5m", "perfsdk:decode_step_seconds:mean5m",
-                 "perfsdk:decode_steps:rate5m", "perfsdk:prefill_steps:rate5m", "perfsdk:ttft_seconds:p99_5m"):
+                 "perfsdk:decode_steps:rate5m", "perfsdk:prefill_steps:rate5m", "perfsdk:ttft_seconds:p99_5m",
+                 "perfsdk:target:serves_perfsdk"):
         res = run(rule)
         assert res and float(res[0]["value"][1]) > 0, rule
     # the alert rules loaded and none fires on a healthy server

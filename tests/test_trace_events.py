@@ -10,11 +10,14 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from perfsdk.cli import main
 from perfsdk.errors import ConfigError
@@ -184,8 +187,9 @@ def test_a_document_without_timed_events_is_not_a_trace_with_steps(
         '{"traceEvents": [' + json.dumps(_kernel(1)) + ", {oops}, " + json.dumps(_kernel(2)) + "]}",
         '{"traceEvents": [' + json.dumps(_kernel(1)) + "]} trailing",
         '{"traceEvents": 5}',
+        '{"traceEvents": [' + json.dumps(_kernel(1)) + ", ]}",
     ],
-    ids=["truncated", "bad element", "trailing text", "not a list"],
+    ids=["truncated", "bad element", "trailing text", "not a list", "trailing comma"],
 )
 @pytest.mark.parametrize("parser", PARSERS)
 def test_broken_documents_are_refused_as_before(tmp_path: Path, text: str, parser: te.Parser,
@@ -283,3 +287,291 @@ def test_recorded_shapes_of_matrix_products_are_kept(tmp_path: Path, parser: te.
     assert shaped["aten::bmm"] == (((2, 3, 4), (2, 4, 5)), ("float", "float"))
     assert "aten::relu" not in shaped and set(shaped) <= te.SHAPED_OPS
     assert trace.cpu_ops == _reference(path).cpu_ops  # the streamed reading keeps the same shapes
+
+
+# ---- hostile files: limits, linear work, odd values (issue 20, items 4 and 11) ---------------------
+
+
+def _member(data: bytes) -> bytes:
+    return gzip.compress(data, compresslevel=9)
+
+
+def _bomb(bulk: bytes, copies: int, before: bytes = b"", after: bytes = b"") -> bytes:
+    """A .gz of ``before + bulk * copies + after``: concatenated gzip members (every gzip reader joins
+    them), so 1 GiB of padding costs about a megabyte and no time to build."""
+    return _member(before) + _member(bulk) * copies + _member(after)
+
+
+_TWO = (json.dumps(_kernel(1)) + ", " + json.dumps(_kernel(2))).encode()
+_HEAD = b'{"traceEvents": ['
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+@pytest.mark.parametrize(
+    "parts",
+    [
+        (b"", b" ", _HEAD + _TWO + b"]}"),  # the issue's bomb: 1 GiB of whitespace before the document
+        (_HEAD + _TWO + b', {"ph": "X", "cat": "kernel", "name": "', b"a", b'"}]}'),  # 1 GiB in one string
+        (_HEAD + _TWO + b",", b" ", _TWO + b"]}"),  # between two events
+        (b'{"note": "', b"a", b'", ' + _HEAD[1:] + _TWO + b"]}"),  # before the array
+    ],
+    ids=["leading whitespace", "one string", "between events", "before the array"],
+)
+def test_a_compression_bomb_is_refused_at_the_limit_having_read_no_further(
+    tmp_path: Path, parts: tuple[bytes, bytes, bytes], parser: te.Parser, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # before: a 1 MB .gz holding 1 GiB of leading whitespace took 209 s and 4.2 GB (no limit, quadratic)
+    before, fill, after = parts
+    path = tmp_path / "bomb.json.gz"
+    path.write_bytes(_bomb(fill * 2**20, 1024, before, after))  # 1 GiB of JSON once decompressed
+    assert path.stat().st_size < 2**21
+    limit = 4 * 2**20
+    tracemalloc.start()
+    try:
+        with pytest.raises(te.TraceTooLargeError, match=r"more than 4 MiB of JSON once decompressed"):
+            load_trace(path, parser=parser, max_bytes=limit)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # nothing past the limit was read: memory stays at a few times it, not at the bomb's GiB
+    assert peak < 4 * limit + 2 * te._READ, f"peak {peak / 2**20:.1f} MiB"
+    assert main(["analyze", str(path), "--max-size", "4MiB"]) == 2
+    err = capsys.readouterr().err
+    assert "more than 4 MiB of JSON once decompressed" in err and "--max-size" in err
+    with pytest.raises(te.TraceTooLargeError):
+        read_trace_events(path, max_bytes=limit)  # the whole-document reader is bounded as well
+
+
+def test_the_limit_is_on_decompressed_bytes_and_configurable(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(LAYOUTS["kineto-like"])
+    size = path.stat().st_size
+    assert len(load_trace(path, max_bytes=size).gpu_ops) == 41  # exactly the limit: read
+    assert load_trace(path).read_stats.bytes_read == size
+    with pytest.raises(te.TraceTooLargeError, match=rf"of JSON in the file \({size - 1} bytes, the limit\)"):
+        load_trace(path, max_bytes=size - 1)
+    assert len(load_trace(path, max_bytes=None).gpu_ops) == 41
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert gz.stat().st_size < size // 2
+    with pytest.raises(te.TraceTooLargeError):  # counted after decompression, not on the .gz
+        load_trace(gz, max_bytes=size - 1)
+    assert te.DEFAULT_MAX_BYTES == 2 * 2**30
+    for bad in (0, -1, 1.5, True, "1GiB"):
+        with pytest.raises(ConfigError, match="max_bytes"):
+            load_trace(path, max_bytes=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("flag", "ok"),
+    [("8GiB", True), ("500MB", True), ("1.5G", True), ("1048576", True), (" 20 kib ", True),
+     ("nan", False), ("inf", False), ("-1", False), ("0", False), ("1e400", False), ("12 parsecs", False),
+     ("", False)],
+)
+def test_max_size_flag(tmp_path: Path, flag: str, ok: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(LAYOUTS["kineto-like"])
+    if ok:
+        assert main(["analyze", str(path), "--max-size", flag]) == 0
+        return
+    with pytest.raises(SystemExit) as e:
+        main(["analyze", str(path), "--max-size", flag])
+    assert e.value.code == 2
+    assert "--max-size" in capsys.readouterr().err
+
+
+# Files whose bulk (n bytes) sits where the old reader rescanned it: its work grew as n squared over
+# the read size (128 MiB: 5.1 s, 256 MiB: 17.8 s, 1 GiB: 209 s). Each holds kernels 1 and 2 (and,
+# for some, 3) whatever n is.
+_K3 = json.dumps(_kernel(3)).encode()
+SHAPES: dict[str, Any] = {
+    "leading whitespace": lambda n: b" " * n + _HEAD + _TWO + b"]}",
+    "whitespace between events": lambda n: _HEAD + _TWO + b"," + b"\n" * n + _K3 + b"]}",
+    "whitespace after a brace": lambda n: _HEAD + _TWO + b" " * n + b"," + _K3 + b"]}",
+    "whitespace after the array": lambda n: _HEAD + _TWO + b"]" + b"\t" * n + b"}",
+    "one long string": lambda n: _HEAD + _TWO + b', {"ph": "i", "name": "' + b"a" * n + b'"}]}',
+    "cut patterns in a string": lambda n: _HEAD + _TWO + b', {"ph": "i", "name": "'
+    + b'}, {\\"x\\": 1}] ' * (n // 15) + b'"}, ' + _K3 + b"]}",
+    "a string ending the array": lambda n: _HEAD + _TWO + b', {"ph": "i", "name": "' + b"}]" * (n // 2) + b'"}]}',
+    "nested objects": lambda n: _HEAD + _TWO + b', {"ph": "i", "args": {' + b'"k": {"a": 1}, ' * (n // 16)
+    + b'"z": 0}}, ' + _K3 + b"]}",
+    "a long string before the array": lambda n: b'{"note": "' + b"a" * n + b'", ' + _HEAD[1:] + _TWO + b"]}",
+}
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_reading_work_grows_linearly_with_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   shape: str, parser: te.Parser) -> None:
+    # The reader's work counted (bytes scanned for boundaries, whitespace and string ends; bytes given
+    # to the parser, failed tries included) on files 1, 2 and 4 MiB long, with reads and pieces made
+    # small (64 and 32 KiB) so that a few MiB show what hundreds do with the default sizes: it stays
+    # within a small multiple of the bytes read, so doubling the file doubles the work.
+    monkeypatch.setattr(te, "_READ", 2**16)
+    monkeypatch.setattr(te, "_PIECE", 2**15)
+    work = []
+    for mib in (1, 2, 4):
+        path = tmp_path / f"{mib}.json"
+        path.write_bytes(SHAPES[shape](mib * 2**20))
+        trace = load_trace(path, parser=parser)
+        assert [op.correlation for op in trace.gpu_ops][:2] == [1, 2]
+        stats = trace.read_stats
+        assert stats.streamed and stats.bytes_read == path.stat().st_size
+        assert stats.bytes_scanned <= 3 * stats.bytes_read, stats
+        assert stats.bytes_parsed <= 4 * stats.bytes_read, stats
+        assert stats.parses <= 16, stats
+        work.append(stats.bytes_scanned + stats.bytes_parsed)
+    assert work[2] / work[0] < 4.5, work  # linear: 4x the file, 4x the work (quadratic would be 16x)
+
+
+@pytest.mark.parametrize("place", ["before the document", "between events", "after the array"])
+def test_whitespace_is_dropped_as_it_is_passed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, place: str) -> None:
+    # before: all of it was kept in the buffer (and copied at every read): 1 GiB of padding, 4.2 GB.
+    # Reads and pieces made small, so that 16 MiB stand for GiBs
+    monkeypatch.setattr(te, "_READ", 2**16)
+    monkeypatch.setattr(te, "_PIECE", 2**15)
+    n = 16 * 2**20
+    path = tmp_path / "padded.json"
+    body = _HEAD + _TWO + b"]}"
+    path.write_bytes({"before the document": b" " * n + body,
+                      "between events": _HEAD + _TWO + b"," + b" " * n + _K3 + b"]}",
+                      "after the array": _HEAD + _TWO + b"]" + b" " * n + b"}"}[place])
+    tracemalloc.start()
+    try:
+        trace = load_trace(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(trace.gpu_ops) >= 2
+    assert peak < 8 * te._READ, f"peak {peak / 2**20:.1f} MiB for {n / 2**20:.0f} MiB of whitespace"
+
+
+def _long_int() -> str:
+    digits = sys.get_int_max_str_digits()
+    if digits == 0:
+        pytest.skip("this interpreter has no limit on int conversion")
+    return "9" * (digits + 700)
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+@pytest.mark.parametrize("where", ["ts", "args", "after the array", "before the array", "bare array"])
+def test_a_number_past_pythons_int_limit_is_a_clear_error(tmp_path: Path, where: str, parser: te.Parser,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # before: ValueError traceback ("Exceeds the limit (4300 digits) for integer string conversion")
+    big = _long_int()
+    k1, k2 = json.dumps(_kernel(1)), json.dumps(_kernel(2))
+    text = {
+        "ts": '{"traceEvents": [' + k1 + ', {"ph": "X", "cat": "kernel", "ts": ' + big + ', "dur": 1}]}',
+        "args": '{"traceEvents": [' + k1 + ", " + k2.replace('"correlation": 2', '"correlation": ' + big) + "]}",
+        "after the array": '{"traceEvents": [' + k1 + '], "n": ' + big + "}",
+        "before the array": '{"n": ' + big + ', "traceEvents": [' + k1 + "]}",
+        "bare array": "[" + k1 + ", " + big + "]",
+    }[where]
+    path = _write(tmp_path, text)
+    at = text.index(big)
+    message = f"holds a number of more than {sys.get_int_max_str_digits()} digits .* at byte {at}"
+    with pytest.raises(ConfigError, match=message):
+        load_trace(path, parser=parser)
+    assert main(["analyze", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"at byte {at}" in err
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+@pytest.mark.parametrize("where", ["in an event", "before the array"])
+def test_bytes_that_are_not_utf8_are_a_clear_error(tmp_path: Path, where: str, parser: te.Parser,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # before: UnicodeDecodeError traceback from the streamed pieces
+    k1 = json.dumps(_kernel(1)).encode()
+    raw = (_HEAD + k1 + b', {"ph": "X", "name": "k\xff", "ts": 1}]}' if where == "in an event"
+           else b'{"n": "\xff", ' + _HEAD[1:] + k1 + b"]}")
+    path = tmp_path / "t.json"
+    path.write_bytes(raw)
+    at = raw.index(b"\xff")
+    with pytest.raises(ConfigError, match=f"not UTF-8 .*byte {at}"):
+        load_trace(path, parser=parser)
+    assert main(["analyze", str(path)]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_odd_numbers_the_parsers_differ_on_read_the_same(tmp_path: Path, parser: te.Parser) -> None:
+    # msgspec refuses NaN, Infinity, 1e999 and integers past 64 bits; json takes them: the reader
+    # gives the same events either way (non-finite times skipped, big ids kept)
+    events = [_kernel(1), {**_kernel(2), "ts": "__NAN__"}, {**_kernel(3), "dur": "__NINF__"},
+              {**_kernel(4), "ts": "__HUGE__"}, _kernel(5, extra=2**70), {**_kernel(6), "args": {"correlation": 2**70}}]
+    text = json.dumps({"traceEvents": events})
+    for token, literal in (("__NAN__", "NaN"), ("__NINF__", "-Infinity"), ("__HUGE__", "1e999")):
+        text = text.replace(f'"{token}"', literal)
+    path = _write(tmp_path, text)
+    assert [op.correlation for op in load_trace(path, parser=parser).gpu_ops] == [1, 5, 2**70]
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_deep_nesting_in_the_events_says_where(tmp_path: Path, parser: te.Parser) -> None:
+    text = '{"traceEvents": [' + json.dumps(_kernel(1)) + ", " + "[" * DEEP + "]" * DEEP + "]}"
+    with pytest.raises(ConfigError, match=r"nested too deeply .*from byte \d+"):
+        load_trace(_write(tmp_path, text), parser=parser)
+
+
+# Any document, cut anywhere: the stream gives the events the whole parse gives, or both refuse it.
+_SPACES = st.text(alphabet=" \t\r\n", max_size=3)
+_AWKWARD = st.sampled_from(['k', 'odd}, {"name": "x"}] n', "}}]],,{{", 'a"b\\c', "\u00e9}]", '\\"}, ', "x" * 40])
+_VALUES = st.recursive(
+    st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.none(), st.booleans(), _AWKWARD),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["a", "b}", "c]"]), inner, max_size=3),
+    max_leaves=6,
+)
+_EVENT = st.fixed_dictionaries(
+    {"ph": st.just("X"), "cat": st.sampled_from(["kernel", "cuda_runtime", "cpu_op", "other"]), "name": _AWKWARD,
+     "ts": st.floats(0, 1e6), "dur": st.floats(0, 10)},
+    optional={"args": st.dictionaries(st.sampled_from(["correlation", "stream", "shapes", "x"]), _VALUES,
+                                      max_size=3), "extra": _VALUES},
+)
+
+
+def _spaced(value: Any, space: st.DataObject) -> str:
+    """JSON text of *value* with whitespace drawn between every token."""
+    gap = lambda: space.draw(_SPACES)  # noqa: E731
+    if isinstance(value, dict):
+        body = ("," + gap()).join(json.dumps(k) + gap() + ":" + gap() + _spaced(v, space) for k, v in value.items())
+        return "{" + gap() + body + gap() + "}"
+    if isinstance(value, list):
+        return "[" + gap() + ("," + gap()).join(_spaced(v, space) for v in value) + gap() + "]"
+    return json.dumps(value)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(_EVENT, max_size=12), form=st.sampled_from(["kineto", "bare", "tail"]),
+       cut=st.sampled_from([None, "truncate", "insert", "delete"]), where=st.floats(0, 1),
+       sizes=st.tuples(st.sampled_from([1, 7, 64, 4 * 2**20]), st.sampled_from([1, 5, 97, 8 * 2**20])),
+       data=st.data())
+def test_any_document_streams_to_what_the_whole_parse_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: list[dict[str, Any]], form: str, cut: str | None,
+    where: float, sizes: tuple[int, int], data: st.DataObject,
+) -> None:
+    monkeypatch.setattr(te, "_PIECE", sizes[0])
+    monkeypatch.setattr(te, "_READ", sizes[1])
+    doc: Any = events if form == "bare" else {"schemaVersion": 1, "traceEvents": events}
+    if form == "tail":
+        doc["after"] = [{"x": "}]"}, {"y": [{"z": 1}]}]
+    text = _spaced(doc, data)
+    k = int(where * len(text))
+    if cut == "truncate":
+        text = text[:k]
+    elif cut == "insert":
+        text = text[:k] + data.draw(st.sampled_from(["}", "]", ",", '"', "\\", "x", "}, ]"])) + text[k:]
+    elif cut == "delete":
+        text = text[:k] + text[k + 1:]
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    try:
+        reference: Trace | None = _reference(path)
+    except ConfigError:
+        reference = None
+    for parser in PARSERS:
+        if reference is None:
+            with pytest.raises(ConfigError):
+                load_trace(path, parser=parser)
+        else:
+            _same(load_trace(path, parser=parser), reference)

@@ -12,7 +12,8 @@ Monitor (``tests/test_tensor_parallel.py`` the per-rank ones, against two real r
 
 Import the JSON in Grafana (Dashboards → New → Import) and pick a Prometheus data source. Queries use
 only perfsdk's raw metrics (and ``up``), so the dashboard works without the recording rules in
-``perfsdk-rules.yml``; the alerts need those rules.
+``perfsdk-rules.yml``; the alerts need those rules (and the targets-up panel reads one of them when it is
+there: ``perfsdk:target:serves_perfsdk``, which remembers a dead target for as long as it is down).
 """
 
 from __future__ import annotations
@@ -74,11 +75,14 @@ FLEET_DECODE_MBU = (
     "  * on (job, instance, rank) group_left\n"
     "  max by (job, instance, rank) (perfsdk_hardware_peak_bandwidth_bytes))"
 )
-# Scrape targets of jobs that serve perfsdk metrics, 1 up and 0 down: a rank that stopped shows as 0
-# (with one /metrics port per rank; a rank dead behind PROMETHEUS_MULTIPROC_DIR is not seen).
+# Scrape targets that serve perfsdk metrics, 1 up and 0 down: a rank that stopped shows as 0 (with one
+# /metrics port per rank; a rank dead behind PROMETHEUS_MULTIPROC_DIR is not seen) for as long as it is
+# down, from the rules' perfsdk:target:serves_perfsdk (which remembers a target while it is discovered, as
+# PerfsdkRankDown does). Without the rules loaded, for an hour after its last perfsdk sample.
 TARGETS_UP = (
     'max by (job, instance) (up{instance=~"$instance"})\n'
-    "and on (job)\ncount by (job) (present_over_time(perfsdk_dropped_records_total[1h]))"
+    "and on (job, instance) (\n  perfsdk:target:serves_perfsdk\n"
+    "  or max by (job, instance) (present_over_time(perfsdk_dropped_records_total[1h]))\n)"
 )
 # Each rank's share of its step in collectives (last profile), beyond the rank that spends least there.
 COLLECTIVE_WAIT = (
@@ -194,7 +198,8 @@ def build() -> dm.Dashboard:
                "'Time in collectives by rank', not here.", w=12),
             ts("perfsdk targets up", [(TARGETS_UP, "{{instance}}")], "short",
                "1: the target (one rank, with one /metrics port per rank) answers its scrapes; 0: it stopped "
-               "(PerfsdkRankDown). The other ranks of its tensor-parallel group then stall at their next "
+               "(PerfsdkRankDown), shown for as long as it is down with perfsdk-rules.yml loaded (for an hour "
+               "without). The other ranks of its tensor-parallel group then stall at their next "
                "collective, so their step rates drop to 0 too.", w=8, max_=1),
             ts("Decode steps per second by rank",
                [(f'sum by (job, instance, rank) (rate(perfsdk_step_seconds_count{_by("decode")}[{RI}]))',

@@ -97,7 +97,7 @@ from perfsdk.profiling.bandwidth import (
 from perfsdk.profiling.categories import CATEGORIES, categorize, categorize_cpu_op
 from perfsdk.profiling.findings import Finding, findings_lines
 from perfsdk.profiling.observer import Unprofiled, correct_step, observer_lines, observer_summary
-from perfsdk.profiling.trace_events import Event, Trace, load_trace
+from perfsdk.profiling.trace_events import DEFAULT_MAX_BYTES, Event, Trace, load_trace
 
 __all__ = [
     "COMM_BOUND_MIN_SHARE",
@@ -610,6 +610,7 @@ def analyze_trace(
     cost: StepCost | Mapping[str, StepCost] | None = None,
     unprofiled: Unprofiled | Mapping[str, Unprofiled] | None = None,
     phase: str = "decode",
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> Diagnosis:
     """Diagnose a chrome trace (path to ``.json``/``.json.gz``, event dicts, or a loaded Trace).
 
@@ -618,13 +619,14 @@ def analyze_trace(
     ``cost``: what a step must move and the peaks (:class:`~perfsdk.profiling.bandwidth.StepCost`),
     for every step or per phase; ``unprofiled``: the step time without the profiler
     (:class:`~perfsdk.profiling.observer.Unprofiled`), for every step or per phase; ``phase``: the
-    phase of steps that are not ``perfsdk.<phase>`` ranges.
+    phase of steps that are not ``perfsdk.<phase>`` ranges. ``max_bytes``: the most JSON read from a file,
+    after decompression (2 GiB; None: no limit), as in :func:`~perfsdk.profiling.trace_events.load_trace`.
     """
     if phase not in PHASES:
         raise ConfigError(f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
     costs = _per_phase("cost", cost, StepCost)
     refs = _per_phase("unprofiled", unprofiled, Unprofiled)
-    trace = source if isinstance(source, Trace) else load_trace(source)
+    trace = source if isinstance(source, Trace) else load_trace(source, max_bytes=max_bytes)
     spans, step_source = _step_spans(trace, step_pattern)
     if not spans:
         raise ConfigError(

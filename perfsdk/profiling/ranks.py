@@ -59,6 +59,7 @@ from perfsdk.profiling.analyze import (
     analyze_trace,
     findings_lines,
 )
+from perfsdk.profiling.trace_events import DEFAULT_MAX_BYTES
 
 __all__ = ["STRAGGLER_MIN_STEP_SHARE", "STRAGGLER_MIN_WAIT_SHARE", "RankComparison", "RankStats", "analyze_ranks",
            "compare_ranks"]
@@ -254,7 +255,8 @@ def compare_ranks(diagnoses: Sequence[Diagnosis], ranks: Sequence[int] | None = 
 
 
 def analyze_ranks(sources: Sequence[str | os.PathLike[str]], *, step_pattern: str | None = None,
-                  ranks: Sequence[int] | None = None) -> tuple[list[Diagnosis], RankComparison]:
+                  ranks: Sequence[int] | None = None,
+                  max_bytes: int | None = DEFAULT_MAX_BYTES) -> tuple[list[Diagnosis], RankComparison]:
     """Diagnose one trace per rank (:func:`~perfsdk.profiling.analyze.analyze_trace`) and compare them."""
-    diagnoses = [analyze_trace(s, step_pattern=step_pattern) for s in sources]
+    diagnoses = [analyze_trace(s, step_pattern=step_pattern, max_bytes=max_bytes) for s in sources]
     return diagnoses, compare_ranks(diagnoses, ranks)

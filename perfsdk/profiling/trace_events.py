@@ -10,6 +10,8 @@ SGLang's ``--profile`` output, or a user's ``prof.export_chrome_trace(...)``::
     trace.runtime        # cudaLaunchKernel, cudaGraphLaunch, cudaMemcpyAsync, cuda*Synchronize ...
     trace.launch_of(op)  # the host call that enqueued a GPU op (by correlation id)
     trace.rank           # torch.distributed rank from the trace's "distributedInfo" (None if absent)
+    trace.read_stats     # what reading it cost: bytes read (decompressed), scanned and parsed
+    load_trace(path, max_bytes=8 * 2**30)   # read past the default limit of 2 GiB of JSON
 
 Only complete events (``"ph": "X"``) carry time; the categories that matter are
 
@@ -33,9 +35,20 @@ fields never built), so memory holds the events the analyser keeps, not the docu
 small typed records; without it the standard library's ``json`` parses the pieces, slower but with
 the same result. ``load_trace(path, parser="json")`` forces the standard library.
 
-Bad input raises :class:`~perfsdk.errors.ConfigError` naming the file: unreadable or truncated
-files, text that is not JSON, nesting deeper than the parser's recursion limit, a document without
-a ``traceEvents`` list. Events with a ``ts`` or ``dur`` that is not a finite number are skipped.
+**Hostile files.** At most ``max_bytes`` of JSON are read (:data:`DEFAULT_MAX_BYTES`, 2 GiB, counted
+after decompression; ``None``: no limit): past it, :class:`TraceTooLargeError`, and nothing beyond
+the limit is decompressed, so a small ``.gz`` that would expand to 100 GiB costs what 2 GiB cost. Up
+to the limit the reader's work is linear in the file, whatever it holds (long runs of whitespace,
+one huge string, strings full of ``},``, deep objects): :attr:`Trace.read_stats` counts it
+(:class:`ReadStats`). Whitespace before the document, between pieces and after the events is dropped
+as it is read; an event or a string is held whole while it is parsed, so memory is bounded by the
+limit (about twice the longest string), not by a piece.
+
+Bad input raises :class:`~perfsdk.errors.ConfigError` naming the file and, where it can, the byte:
+unreadable or truncated files, text that is not JSON, bytes that are not UTF-8, nesting deeper than
+the parser's recursion limit, a number of more digits than Python converts to int (4300; the msgspec
+reader only sees the numbers in the fields it reads), a document without a ``traceEvents`` list.
+Events with a ``ts`` or ``dur`` that is not a finite number (NaN, Infinity, 1e999) are skipped.
 """
 
 from __future__ import annotations
@@ -47,6 +60,7 @@ import json
 import math
 import os
 import re
+import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -55,11 +69,14 @@ from typing import IO, Any, Literal
 from perfsdk.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_MAX_BYTES",
     "GPU_CATEGORIES",
     "HOST_API_CATEGORIES",
     "SHAPED_OPS",
     "Event",
+    "ReadStats",
     "Trace",
+    "TraceTooLargeError",
     "load_trace",
     "read_trace_events",
 ]
@@ -79,6 +96,31 @@ SHAPED_OPS: frozenset[str] = frozenset({
 })
 
 Parser = Literal["auto", "msgspec", "json"]
+
+
+DEFAULT_MAX_BYTES = 2 * 2**30
+"""The most JSON :func:`load_trace` reads from one trace unless told otherwise: 2 GiB, counted after
+decompression. Kineto traces of a few steps are tens to hundreds of MB; a 1 MB ``.gz`` can hold 1 GiB."""
+
+
+class TraceTooLargeError(ConfigError):
+    """The trace holds more bytes (after decompression) than the limit it was read with."""
+
+
+@dataclass
+class ReadStats:
+    """What reading one trace cost (:attr:`Trace.read_stats`), counted as the reader works.
+
+    Every count grows linearly with the file, whatever it holds (long runs of whitespace, one huge
+    string, cut patterns inside strings); ``tests/test_trace_events.py`` checks that on such files.
+    """
+
+    bytes_read: int = 0  # bytes of JSON taken from the file (decompressed), fallback included
+    bytes_scanned: int = 0  # bytes examined for the array, event boundaries, whitespace and string ends
+    bytes_parsed: int = 0  # bytes given to a JSON parser, failed attempts included
+    parses: int = 0  # parser calls (a piece msgspec refuses and json then takes counts twice)
+    pieces: int = 0  # runs of events parsed
+    streamed: bool = True  # False: the document was laid out otherwise and parsed whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +162,8 @@ class Trace:
     # torch.profiler writes "distributedInfo" (backend, rank, world_size) when a process group is up
     rank: int | None = None
     world_size: int | None = None
+    # what reading the file cost (bytes read, scanned and parsed); all zero for a list of events
+    read_stats: ReadStats = field(default_factory=ReadStats, repr=False, compare=False)
     _launch_by_corr: dict[int, Event] = field(default_factory=dict, repr=False)
 
     @property
@@ -133,22 +177,33 @@ class Trace:
         return self._launch_by_corr.get(op.correlation)
 
 
-def read_trace_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_trace_events(path: str | os.PathLike[str], *,
+                      max_bytes: int | None = DEFAULT_MAX_BYTES) -> list[dict[str, Any]]:
     """The raw ``traceEvents`` list of a ``.json`` or ``.json.gz`` chrome trace (the whole list in memory).
 
-    :func:`load_trace` streams the file instead (see the module docstring).
+    :func:`load_trace` streams the file instead (see the module docstring). *max_bytes* as there.
     """
-    return _read_trace(path)[0]
+    return _read_trace(os.fspath(path), _check_limit(max_bytes), ReadStats())[0]
 
 
-def _read_trace(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _check_limit(max_bytes: int | None) -> int | None:
+    if max_bytes is None:
+        return None
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ConfigError(f"max_bytes: expected a positive number of bytes or None (no limit), got {max_bytes!r}")
+    return max_bytes
+
+
+def _read_trace(p: str, limit: int | None, stats: ReadStats) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The ``traceEvents`` list and the document's other top-level keys (``{}`` for the bare-array form)."""
-    p = os.fspath(path)
     try:
-        with _open(p) as f:
+        with _open(p, limit, stats) as f:
             raw = f.read()
     except (OSError, EOFError, zlib.error) as e:  # missing file, corrupt or truncated gzip
         raise ConfigError(f"trace: cannot read {p!r}: {e}") from e
+    stats.streamed = False
+    stats.parses += 1
+    stats.bytes_parsed += len(raw)
     doc = _parse_document(raw, p)
     return _events_of(doc, p), _meta_of(doc)
 
@@ -158,18 +213,82 @@ def _meta_of(doc: Any) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if k != "traceEvents"} if isinstance(doc, dict) else {}
 
 
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n} bytes"
+
+
+class _Limited:
+    """A binary file that yields at most *limit* bytes; reading past them raises TraceTooLargeError.
+
+    Asks the file for no more than one byte past the limit, so a compression bomb is decompressed
+    only that far: memory and time stop at the limit, not at the bomb's size.
+    """
+
+    def __init__(self, f: IO[bytes], limit: int | None, stats: ReadStats, p: str, gz: bool) -> None:
+        self._f, self._limit, self._stats, self._p, self._gz = f, limit, stats, p, gz
+        self._taken = 0
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:  # all of it, a block at a time: never one buffer of the limit's size up front
+            blocks = []
+            while block := self.read(_READ):
+                blocks.append(block)
+            return b"".join(blocks)
+        limit = self._limit
+        if limit is not None:
+            n = min(n, limit - self._taken + 1)
+        data = self._f.read(n)
+        self._taken += len(data)
+        self._stats.bytes_read += len(data)
+        if limit is not None and self._taken > limit:
+            what = "once decompressed" if self._gz else "in the file"
+            raise TraceTooLargeError(
+                f"trace: {self._p!r} holds more than {_size(limit)} of JSON {what} ({limit} bytes, the limit); "
+                "if it is a real trace, raise the limit: perfsdk analyze --max-size 8GiB, or "
+                "load_trace(..., max_bytes=...)"
+            )
+        return data
+
+
 @contextlib.contextmanager
-def _open(p: str) -> Iterator[IO[bytes]]:
-    """The file's bytes, decompressed as they are read when it is gzip."""
+def _open(p: str, limit: int | None, stats: ReadStats) -> Iterator[_Limited]:
+    """The file's bytes, decompressed as they are read when it is gzip, up to *limit* of them."""
     with open(p, "rb") as f:
         # sniff the gzip magic rather than trusting the suffix: tools rename files
         gz = f.read(2) == b"\x1f\x8b"
         f.seek(0)
         if gz:
             with gzip.GzipFile(fileobj=f, mode="rb") as g:
-                yield g  # type: ignore[misc]  # a GzipFile reads bytes like any binary file
+                yield _Limited(g, limit, stats, p, gz)  # type: ignore[arg-type]  # a GzipFile reads bytes
         else:
-            yield f
+            yield _Limited(f, limit, stats, p, gz)
+
+
+def _int_digits_limit() -> int:
+    """Python's limit on the digits of an int parsed from text (0: none; absent before 3.10.7)."""
+    get: Callable[[], int] | None = getattr(sys, "get_int_max_str_digits", None)
+    return get() if get is not None else 0
+
+
+def _long_number_at(text: bytes | bytearray | memoryview) -> int | None:
+    """Where the first number longer than Python's limit on int conversion starts in *text*."""
+    digits = _int_digits_limit()
+    if digits <= 0:
+        return None
+    # a run of digits right after JSON punctuation or whitespace: a number, not the inside of a word
+    m = re.compile(rb"(?<![^\[\]{}:, \t\r\n])-?[0-9]{%d,}" % (digits + 1)).search(text)
+    return None if m is None else m.start()
+
+
+def _long_number(p: str, at: int | None) -> ConfigError:
+    where = "" if at is None else f" at byte {at}"
+    return ConfigError(
+        f"trace: {p!r} holds a number of more than {_int_digits_limit()} digits (Python's limit on "
+        f"converting text to int){where}: it is not a profiler trace"
+    )
 
 
 def _parse_document(raw: bytes, p: str) -> Any:
@@ -177,8 +296,15 @@ def _parse_document(raw: bytes, p: str) -> Any:
         return json.loads(raw)
     except RecursionError:
         raise ConfigError(f"trace: {p!r} is nested too deeply to be a chrome trace") from None
-    except ValueError as e:
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"trace: {p!r} is not UTF-8 text: {e.reason} at byte {e.start}") from None
+    except json.JSONDecodeError as e:
         raise ConfigError(f"trace: {p!r} is not a JSON chrome trace: {e}") from e
+    except ValueError as e:  # what json raises past Python's limit on int conversion
+        at = _long_number_at(raw)
+        if at is None:
+            raise ConfigError(f"trace: {p!r} is not a JSON chrome trace: {e}") from None
+        raise _long_number(p, at) from None
 
 
 def _events_of(doc: Any, p: str) -> list[dict[str, Any]]:
@@ -388,143 +514,386 @@ except ImportError:  # the standard library parses; same events, slower
 
 
 class _NotAPiece(Exception):
-    """The bytes tried as a run of whole events are not one: cut elsewhere."""
+    """The bytes tried as a run of whole events are not one: cut elsewhere.
+
+    ``string_at``: the index, in the bytes tried, of the string the cut fell inside (the parser said
+    so); the next cut lies past that string's end.
+    """
+
+    def __init__(self, string_at: int | None = None) -> None:
+        super().__init__(string_at)
+        self.string_at = string_at
 
 
-def _decoder(parser: Parser) -> Callable[[bytes], list[Any]]:
-    if parser == "msgspec" or (parser == "auto" and HAVE_MSGSPEC):
-        if not HAVE_MSGSPEC:
+class _BadText(Exception):
+    """Text no cut can make a trace of: *what*, at index *at* of the bytes tried (None: not known)."""
+
+    def __init__(self, what: str, at: int | None) -> None:
+        super().__init__(what, at)
+        self.what, self.at = what, at
+
+
+class _Decoder:
+    """Parses ``[`` + events + ``]`` (any bytes-like object) into a list, counting its work in *stats*.
+
+    Returns the list and the index just past the value: the length of the bytes, or less when the
+    array closed early (a real ``]`` of the document inside them: the ``traceEvents`` array ended).
+    """
+
+    def __init__(self, parser: Parser, stats: ReadStats) -> None:
+        if parser not in ("auto", "msgspec", "json"):
+            raise ConfigError(f"parser: expected 'auto', 'msgspec' or 'json', got {parser!r}")
+        if parser == "msgspec" and not HAVE_MSGSPEC:
             from perfsdk.errors import MissingDependencyError
 
             raise MissingDependencyError("msgspec", "load_trace(parser='msgspec')", extra="analyze")
+        self._fast = HAVE_MSGSPEC and parser != "json"
+        self._stats = stats
+        self._json = json.JSONDecoder()
 
-        def decode_msgspec(piece: bytes) -> list[Any]:
+    def _count(self, n: int) -> None:
+        self._stats.parses += 1
+        self._stats.bytes_parsed += n
+
+    def __call__(self, piece: memoryview) -> tuple[list[Any], int]:
+        if self._fast:
+            self._count(len(piece))
             try:
                 try:
-                    return list(_TYPED.decode(piece))
+                    return list(_TYPED.decode(piece)), len(piece)
                 except msgspec.ValidationError:  # valid JSON of other shapes (args not an object ...)
+                    self._count(len(piece))
                     out = _UNTYPED.decode(piece)
-                    return out if isinstance(out, list) else []
+                    return (out if isinstance(out, list) else []), len(piece)
             except msgspec.DecodeError:
-                pass  # not JSON here; NaN and Infinity are not JSON either, yet json.loads takes them
-            return decode_json(piece)
+                # not JSON here (a wrong cut), or what json takes (NaN, Infinity, 1e999, integers past
+                # 64 bits) or words precisely (where a string starts, where the array ends)
+                pass
+        return self._stdlib(piece)
 
-        return decode_msgspec
-    if parser not in ("json", "auto"):
-        raise ConfigError(f"parser: expected 'auto', 'msgspec' or 'json', got {parser!r}")
-    return decode_json
-
-
-def decode_json(piece: bytes) -> list[Any]:
-    try:
-        out = json.loads(piece)
-    except json.JSONDecodeError:
-        raise _NotAPiece from None
-    return out if isinstance(out, list) else []
+    def _stdlib(self, piece: memoryview) -> tuple[list[Any], int]:
+        self._count(len(piece))
+        try:
+            text = str(piece, "utf-8", "surrogatepass")  # what json.loads does with bytes
+        except UnicodeDecodeError as e:
+            raise _BadText(f"bytes that are not UTF-8 text ({e.reason})", e.start) from None
+        try:
+            out, end = self._json.raw_decode(text)
+        except json.JSONDecodeError as e:
+            if e.msg.startswith("Unterminated string"):
+                raise _NotAPiece(len(text[: e.pos].encode("utf-8", "surrogatepass"))) from None
+            raise _NotAPiece from None
+        except ValueError as e:  # what json raises past Python's limit on int conversion
+            at = _long_number_at(piece)
+            if at is None:
+                raise _BadText(f"text the JSON parser refuses ({e})", None) from None
+            raise _BadText(f"a number of more than {_int_digits_limit()} digits (Python's limit on converting "
+                           "text to int)", at) from None
+        items = out if isinstance(out, list) else []
+        if end == len(text):
+            return items, len(piece)
+        return items, len(text[:end].encode("utf-8", "surrogatepass"))
 
 
 _READ = 8 * 2**20  # bytes read from the file at a time
 _PIECE = 4 * 2**20  # bytes of events parsed at a time (a cut is tried at the first boundary after this)
 _HEAD_LIMIT = 64 * 2**20  # the traceEvents key must appear within this many bytes, else parse it whole
-_ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
-_CUT = re.compile(rb"\}\s*([,\]])")  # the end of an object, then the array goes on or ends
-_ARRAY_END = re.compile(rb"\}\s*(\])")
-_SPACE = b" \t\r\n"
+_MAX_MISCUTS = 32  # wrong cuts tried for one piece (each doubles it) before the whole document is parsed
+_ARRAY_START = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
+_KEY_OPEN = re.compile(rb'"traceEvents"[ \t\r\n]*(?::[ \t\r\n]*)?')  # a key cut off by the end of the buffer
+_KEY = b'"traceEvents"'
+_CUT = re.compile(rb"\}[ \t\r\n]*([,\]])")  # the end of an object, then the array goes on or ends
+_ARRAY_END = re.compile(rb"\}[ \t\r\n]*(\])")
+_LAST_CUT = re.compile(rb"(?s:.*)(\}[ \t\r\n]*([,\]]))")  # matched from a position: the last cut after it
+_STALL = (-1, -1)  # _Cuts.first: no cut in the bytes it was allowed to look at
+_SPACE_RUN = re.compile(rb"[ \t\r\n]*")  # JSON's whitespace
+_STRING_BODY = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)  # a string's bytes up to its closing quote
+_OPEN, _CLOSE, _QUOTE = ord("["), ord("]"), ord('"')
+_SEPARATORS = b",]"
 
 
-def _stream_events(f: IO[bytes], decode: Callable[[bytes], list[Any]], builder: _Builder) -> dict[str, Any] | None:
-    """Feed the ``traceEvents`` of the open file *f* to *builder* piece by piece; returns the document's
-    other top-level keys (``distributedInfo`` …).
+class _Stream:
+    """Feeds the ``traceEvents`` array of one open file to a builder, a piece at a time.
 
-    Returns None when the document is not laid out as this reader expects, or is not JSON (then
-    nothing it fed counts: the caller parses the whole document, which also words the error). A
-    piece ends after an object followed by ``,`` or ``]``; when the bytes up to such a cut are not a
+    A piece ends after an object followed by ``,`` or ``]``; when the bytes up to such a cut are not a
     run of whole events (the ``}`` closed a nested object, or sat inside a string) a cut further on is
     tried. Parsing from a true event boundary, a piece that parses is exactly a run of whole events,
     so no event is ever split or merged; the document around the array is checked at the end.
+
+    Linear time, whatever the file holds: every search resumes where the last one stopped (never from
+    the start of the piece), a wrong cut inside a string moves past that whole string (the parser
+    says where it starts), any other wrong cut doubles the piece (so the bytes parsed in failed tries
+    are at most twice those of the piece that parses; after _MAX_MISCUTS the whole document is parsed
+    instead), and at the end of the file the parser itself finds where the array ends. Memory: one
+    piece and one read block, or the longest event when it is longer. Whitespace is dropped as it is
+    passed: before the document, before a piece, and after the array; a piece that would run into a
+    long stretch without a cut (whitespace between events) ends at the last cut before it instead.
+
+    ``buf[0]`` is the byte before the next event (the array's ``[``, a ``,`` or whitespace); a piece
+    is parsed in place, ``buf[0]`` and the byte after its last ``}`` overwritten by ``[`` and ``]``.
     """
-    buf = f.read(_READ)
-    eof = len(buf) < _READ
 
-    def more() -> bool:
-        nonlocal buf, eof
-        if eof:
+    def __init__(self, f: _Limited, decode: _Decoder, builder: _Builder, stats: ReadStats, p: str) -> None:
+        self.f, self.decode, self.builder, self.stats, self.p = f, decode, builder, stats, p
+        self.buf = bytearray()
+        self.base = 0  # the offset in the document of buf[0]
+        self.eof = False
+
+    def more(self) -> bool:
+        """Append the file's next block to the buffer; False at the end of the file."""
+        if self.eof:
             return False
-        block = f.read(_READ)
-        eof = len(block) < _READ
-        buf += block
-        return bool(block)
+        block = self.f.read(_READ)
+        if not block:
+            self.eof = True
+            return False
+        self.buf += block
+        return True
 
-    # where does the events array start?
-    while not buf.strip(_SPACE) and more():
-        pass
-    lead = len(buf) - len(buf.lstrip(_SPACE))
-    bare = buf[lead:lead + 1] == b"["
-    if bare:
-        array_at = lead
-    else:
-        m = _ARRAY_START.search(buf)
-        while m is None and len(buf) < _HEAD_LIMIT and more():
-            m = _ARRAY_START.search(buf)
-        if m is None:
-            return None
-        array_at = m.end() - 1
-    head = buf[:array_at]
-    buf = buf[array_at + 1:]
-    pos = 0
-    failures = 0
-    while True:
-        while True:  # to the first byte of the next event, or the end of the array
-            while pos < len(buf) and buf[pos] in _SPACE:
-                pos += 1
-            if pos < len(buf) or not more():
-                break
-        if pos >= len(buf):
-            return None  # the file ends inside the array
-        if buf[pos] == ord("]"):
-            tail_at = pos + 1
-            break
-        floor = pos  # a cut must lie at or after this
-        reach = pos + _PIECE - 1  # and, while the file goes on, at or after this (pieces of ~_PIECE)
+    def drop(self, n: int) -> None:
+        del self.buf[:n]  # a bytearray moves its start: no copy
+        self.base += n
+
+    def scanned(self, n: int) -> None:
+        if n > 0:  # a search that starts past the end of the buffer examines nothing
+            self.stats.bytes_scanned += n
+
+    def skip_space(self, pos: int) -> int:
+        """The index of the first byte at or after *pos* that is not whitespace (the buffer's length at
+        the end of the file). Whitespace that runs to the end of the buffer is dropped before reading
+        on, all but its last byte, so none accumulates; bytes before *pos* may go with it."""
+        buf = self.buf
         while True:
-            m = None
-            while True:
-                if reach < len(buf):
-                    m = _CUT.search(buf, max(reach, floor))
-                    if m is not None:
-                        break
-                if not more():
-                    break
-            if m is None:  # the end of the file is near: the end of the array, else the next cut
-                m = _ARRAY_END.search(buf, floor) or _CUT.search(buf, floor)
-            if m is None:
+            j = _SPACE_RUN.match(buf, pos).end()  # type: ignore[union-attr]  # '*' always matches
+            self.scanned(j - pos)
+            if j < len(buf):
+                return j
+            if j > 1:
+                self.drop(j - 1)
+            pos = len(buf)
+            if not self.more():
+                return pos
+
+    def string_end(self, q: int) -> int | None:
+        """The index just past the string that opens at ``buf[q]``, reading on as needed (None: the
+        file ends inside it, or there is no string there)."""
+        buf = self.buf
+        if q >= len(buf) or buf[q] != _QUOTE:
+            return None
+        at = q + 1
+        while True:
+            j = _STRING_BODY.match(buf, at).end()  # type: ignore[union-attr]
+            self.scanned(j - at)
+            if j < len(buf) and buf[j] == _QUOTE:
+                return j + 1
+            at = j  # the end of the buffer, or a backslash that is its last byte: go on from there
+            if not self.more():
                 return None
-            try:
-                items = decode(b"[" + buf[pos:m.start() + 1] + b"]")
+
+    def run(self) -> dict[str, Any] | None:
+        """The document's other top-level keys, or None when it is not laid out as this reader expects,
+        or is not JSON (then nothing fed counts: the caller parses the whole document, which also
+        words the error)."""
+        buf = self.buf
+        pos = self.skip_space(0)
+        if pos >= len(buf):
+            return None
+        bare = buf[pos] == _OPEN
+        at = pos if bare else self.find_array(pos)
+        if at is None:
+            return None
+        head = bytes(buf[:at])
+        self.drop(at)  # buf[0] is the array's '['
+        after_comma = False
+        while True:
+            pos = self.skip_space(1)
+            if pos >= len(buf):
+                return None  # the file ends inside the array
+            self.drop(pos - 1)
+            if buf[1] == _CLOSE:
+                if after_comma:
+                    return None  # "[{...}, ]" is not JSON
+                tail = 2
                 break
-            except _NotAPiece:
-                failures += 1
-                if failures > 64:  # not a run of objects (or not JSON): let the whole parse say why
-                    return None
-                floor = m.start() + 1
-                reach = pos + 2 * (floor - pos)  # grow the piece geometrically: O(log n) retries
-        builder.add_many(items)
-        if m.group(1) == b"]":
-            tail_at = m.end()
-            break
-        buf = buf[m.end():]  # drop what was parsed: memory holds about one piece and one read block
-        pos = 0
-        failures = 0
-    while more():
-        pass
-    # the document around the array must parse, with "traceEvents" being that very array
-    try:
-        doc = json.loads(head + b"[]" + buf[tail_at:])
-    except (ValueError, RecursionError):
-        return None
-    if bare:
-        return {} if doc == [] else None
-    return _meta_of(doc) if isinstance(doc, dict) and doc.get("traceEvents") == [] else None
+            end = self.piece()
+            if end is None:
+                return None
+            if buf[end - 1] == _CLOSE:
+                tail = end
+                break
+            self.drop(end - 1)  # buf[0] is the ',' after the piece
+            after_comma = True
+        pos = self.skip_space(tail)
+        while self.more():  # the rest of the document: a few keys after the events
+            pass
+        # the document around the array must parse, with "traceEvents" being that very array
+        try:
+            doc = json.loads(head + b"[]" + bytes(buf[pos:]))
+        except (ValueError, RecursionError):
+            return None
+        if bare:
+            return {} if doc == [] else None
+        return _meta_of(doc) if isinstance(doc, dict) and doc.get("traceEvents") == [] else None
+
+    def find_array(self, pos: int) -> int | None:
+        """The index of the ``[`` that opens the ``traceEvents`` array (None: not in the first _HEAD_LIMIT bytes)."""
+        buf, at = self.buf, pos
+        while True:
+            m = _ARRAY_START.search(buf, at)
+            if m is not None:
+                self.scanned(m.end() - at)
+                return m.end() - 1
+            self.scanned(len(buf) - at)
+            # resume where a match may still begin: at a key the end of the buffer cut off
+            k = buf.rfind(_KEY, at)
+            if k >= 0 and _KEY_OPEN.fullmatch(buf, k):
+                self.scanned(len(buf) - k)
+                at = k
+            else:
+                at = max(at, len(buf) - len(_KEY) + 1)
+            if len(buf) > _HEAD_LIMIT or not self.more():
+                return None
+
+    def piece(self) -> int | None:
+        """Parse the run of whole events that starts at ``buf[1]``; the index just past the ``,`` or the
+        array's ``]`` that follows it (None: no such run, parse the whole document instead)."""
+        floor = 1  # the cut's '}' lies at or after this
+        reach = _PIECE  # and, while the file goes on, at or after this: pieces of about _PIECE bytes
+        cuts = _Cuts(self)
+        stalled = False
+        for _ in range(_MAX_MISCUTS):
+            lo = max(floor, reach)
+            cut = cuts.first(lo, None if stalled else lo + _READ)
+            if cut is _STALL:
+                # a long run without a cut past reach (whitespace, one long event): end the piece at the
+                # last cut before the run instead, so that whitespace is dropped, not held in a piece
+                stalled = True
+                m = _LAST_CUT.match(self.buf, floor)
+                self.scanned(len(self.buf) - floor)
+                if m is None:
+                    continue  # none: read on
+                cut = (m.start(1), m.start(2))
+            if cut is None:
+                break  # the file is read to its end and no cut lies past reach: the last piece
+            done, at = self.attempt(*cut)
+            if done or at is None:
+                return at
+            floor = at
+            reach = max(reach, 1 + 2 * (floor - 1))  # the next try at least doubles the piece
+        else:
+            return None
+        # the last piece: first up to the first '}' + ']' (where the array ends in a usual layout) ...
+        m = _ARRAY_END.search(self.buf, floor)
+        self.scanned((m.end() if m else len(self.buf)) - floor)
+        if m is not None:
+            done, at = self.attempt(m.start(), m.start(1))
+            if done or at is None:
+                return at
+            floor = at
+        # ... else up to the last '}' of the file: the parser says where the array ends inside it
+        buf = self.buf
+        k = buf.rfind(b"}", floor)
+        self.scanned(len(buf) - max(k, floor))
+        if k < 0:
+            return None
+        j = _SPACE_RUN.match(buf, k + 1).end()  # type: ignore[union-attr]
+        done, at = self.attempt(k, j if j < len(buf) and buf[j] in _SEPARATORS else None)
+        return at if done else None
+
+    def attempt(self, brace: int, sep: int | None) -> tuple[bool, int | None]:
+        """Parse ``buf[1:brace + 1]`` as a run of events and feed them to the builder.
+
+        Parsed: (True, the index just past the ``,`` or ``]`` at *sep*, or past the array's ``]`` when
+        it closed inside). Not a run of events: (False, the least index of the next cut's ``}``), or
+        (False, None) when there is none (the file ends inside a string).
+        """
+        buf = self.buf
+        if brace + 1 == len(buf):
+            buf.append(0x20)  # room for the ']' (a space at the very end of the document)
+        first, after = buf[0], buf[brace + 1]
+        buf[0], buf[brace + 1] = _OPEN, _CLOSE
+        closed: int | None = None
+        try:
+            with memoryview(buf) as whole, whole[: brace + 2] as piece:
+                items, end = self.decode(piece)
+                if end < brace + 2:
+                    closed = end  # the array's ']' is buf[end - 1]
+                elif sep is not None:
+                    closed = sep + 1
+                if closed is not None:
+                    # inside the view: msgspec.Raw values (recorded shapes) point into it until turned into
+                    # Events, and the view cannot be released while they exist
+                    self.builder.add_many(items)
+                del items
+        except _NotAPiece as e:
+            buf[0], buf[brace + 1] = first, after
+            if e.string_at is None:
+                return False, brace + 1
+            end_of_string = self.string_end(e.string_at)  # the cut fell inside it: go past it whole
+            return False, None if end_of_string is None else max(end_of_string, brace + 1)
+        except _BadText as e:
+            where = "" if e.at is None else f" at byte {self.base + e.at}"
+            raise ConfigError(f"trace: {self.p!r} holds {e.what}{where}: it is not a profiler trace") from None
+        except RecursionError:
+            raise ConfigError(f"trace: {self.p!r} is nested too deeply to be a chrome trace (in the events "
+                              f"from byte {self.base + 1})") from None
+        finally:
+            buf[0], buf[brace + 1] = first, after
+        if closed is None:
+            return False, brace + 1
+        self.stats.pieces += 1
+        return True, closed
+
+
+class _Cuts:
+    """The cut candidates of one piece (``}``, whitespace, then ``,`` or ``]``), each byte searched once."""
+
+    def __init__(self, stream: _Stream) -> None:
+        self.s = stream
+        self.at = 0  # searched up to here: no candidate '}' before it but `brace`
+        self.brace = -1  # a '}' followed by whitespace up to `at`, the end of the buffer (-1: none)
+
+    def first(self, lo: int, stall: int | None = None) -> tuple[int, int] | None:
+        """(the ``}``, the ``,`` or ``]``) of the first candidate whose ``}`` lies at or after *lo*,
+        reading on until there is one; None at the end of the file, ``_STALL`` when there is none in
+        the first *stall* bytes of the buffer (then a later call goes on where this one stopped)."""
+        s, buf = self.s, self.s.buf
+        if lo > self.at:
+            self.at, self.brace = lo, -1
+        elif self.brace < lo:
+            self.brace = -1
+        while True:
+            if self.brace >= 0:  # whitespace after a '}' ran to the end of the buffer: go on with it
+                j = _SPACE_RUN.match(buf, self.at).end()  # type: ignore[union-attr]
+                s.scanned(j - self.at)
+                self.at = j
+                if j == len(buf):
+                    if stall is not None and len(buf) >= stall:
+                        return _STALL
+                    if not s.more():
+                        return None
+                    continue
+                k, self.brace = self.brace, -1
+                if buf[j] in _SEPARATORS:
+                    self.at = k + 1
+                    return k, j
+            m = _CUT.search(buf, self.at)
+            if m is not None:
+                s.scanned(m.end() - self.at)
+                self.at = m.start() + 1
+                return m.start(), m.start(1)
+            s.scanned(len(buf) - self.at)
+            # none in what was read; a '}' followed by nothing but whitespace may still begin one
+            k = buf.rfind(b"}", self.at)
+            if k >= 0:
+                s.scanned(len(buf) - k)
+                if _SPACE_RUN.match(buf, k + 1).end() == len(buf):  # type: ignore[union-attr]
+                    self.brace = k
+            self.at = max(self.at, len(buf))  # (the search may start past what was read: lo is far)
+            if stall is not None and len(buf) >= stall:
+                return _STALL
+            if not s.more():
+                return None
 
 
 def _with_flow_correlation(op: Event, flow_finish: Mapping[tuple[str, str, float], int]) -> Event:
@@ -535,11 +904,13 @@ def _with_flow_correlation(op: Event, flow_finish: Mapping[tuple[str, str, float
 
 
 def load_trace(source: str | os.PathLike[str] | Iterable[Mapping[str, Any]], *,
-               parser: Parser = "auto") -> Trace:
+               parser: Parser = "auto", max_bytes: int | None = DEFAULT_MAX_BYTES) -> Trace:
     """Parse a trace file (``.json`` / ``.json.gz``) or an iterable of event dicts.
 
     *parser*: ``"auto"`` (msgspec when installed, else the standard library), ``"msgspec"`` or
-    ``"json"``; files are streamed either way (see the module docstring).
+    ``"json"``; files are streamed either way (see the module docstring). *max_bytes*: the most JSON
+    read from the file, after decompression (:data:`DEFAULT_MAX_BYTES`, 2 GiB; None: no limit);
+    past it, :class:`TraceTooLargeError`, having read no further.
     """
     if not isinstance(source, (str, os.PathLike)):
         builder = _Builder("<events>")
@@ -548,23 +919,23 @@ def load_trace(source: str | os.PathLike[str] | Iterable[Mapping[str, Any]], *,
                 builder.add_dict(raw)
         return builder.finish()
     p = os.fspath(source)
-    decode = _decoder(parser)
+    limit = _check_limit(max_bytes)
+    stats = ReadStats()
+    decode = _Decoder(parser, stats)
     try:
-        with _open(p) as f:
+        with _open(p, limit, stats) as f:
             builder = _Builder(p)
-            try:
-                meta = _stream_events(f, decode, builder)
-            except RecursionError:
-                raise ConfigError(f"trace: {p!r} is nested too deeply to be a chrome trace") from None
+            meta = _Stream(f, decode, builder, stats, p).run()
     except (OSError, EOFError, zlib.error) as e:  # missing file, corrupt or truncated gzip
         raise ConfigError(f"trace: cannot read {p!r}: {e}") from e
     if meta is None:
         # laid out otherwise (or not JSON): parse it whole, which also gives the exact error
         builder = _Builder(p)
-        events, meta = _read_trace(p)
+        events, meta = _read_trace(p, limit, stats)
         for raw in events:
             builder.add_dict(raw)
     trace = builder.finish()
+    trace.read_stats = stats
     dist = meta.get("distributedInfo")
     if isinstance(dist, Mapping):
         trace.rank, trace.world_size = _int_or_none(dist.get("rank")), _int_or_none(dist.get("world_size"))
