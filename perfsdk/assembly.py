@@ -75,7 +75,7 @@ class Parts:
 
 def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, compute_dtype: str, model_name: str,
              registry: Any, prometheus: bool, tracer_provider: Any, clock: Callable[[], int], epoch_offset_ns: int,
-             errors: ErrorGuard, events: Any = None) -> Parts:
+             errors: ErrorGuard, events: Any = None, meter_provider: Any = None) -> Parts:
     """Choose and build every part of a Monitor (see the module docstring). *events*: a scripted GPU (tests)."""
     from perfsdk import timing as _timing
     from perfsdk.nvtx_ranges import make_nvtx
@@ -129,6 +129,13 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
             raise MissingDependencyError("opentelemetry-api", "OpenTelemetry spans", extra="otel")
         if otel is not None:
             sinks.append(otel)
+        from perfsdk.sinks.otel_metrics import make_otel_metrics_sink
+
+        # inert (nothing built, nothing recorded) until an SDK meter provider is set or given
+        otel_metrics = make_otel_metrics_sink(meter_provider, model_name, {"perfsdk.rank": rank_label[0]}
+                                              if rank_label else None)
+        if otel_metrics is not None:
+            sinks.append(otel_metrics)
 
     # ---- the step core, the request queue, the hot path ----
     peak = None

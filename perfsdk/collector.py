@@ -83,6 +83,7 @@ class Collector(threading.Thread):
         self._exported_dropped = 0
         self._exported_errors = 0
         self.processed = 0  # request events read
+        self.values_dropped = 0  # timed steps beyond the core's value feed (an OpenTelemetry metrics sink's)
         self.rounds = 0
 
     # ---- thread control -------------------------------------------------------------------------
@@ -167,7 +168,10 @@ class Collector(threading.Thread):
         return busy
 
     def _export_steps(self) -> bool:
+        # an OpenTelemetry metrics sink wants each step's values once a meter provider is set (checked each round)
+        self.core.feed_values = any(getattr(s, "wants_step_values", False) for s in self.sinks)
         totals: StepTotals = self.core.take()
+        self.values_dropped += totals.values_dropped
         for site, message in self.core.take_errors():
             self.errors.log_once(site, message)
         if totals.empty():
@@ -289,6 +293,7 @@ class Collector(threading.Thread):
         out["untimed_steps_event_pool_empty"] = self._untimed()
         out["internal_errors"] = self.errors.count + self.core.errors
         out["processed_records"] = self.core.done + self.processed
+        out["dropped_step_values"] = self.values_dropped
         return out
 
 

@@ -121,6 +121,8 @@ class Monitor:
             (``NVTX_INJECTION64_PATH``; they are free then, and skipped otherwise); ``True`` or ``"nvtx"``:
             always, through the ``nvtx`` package; ``"torch"``: through ``torch.cuda.nvtx``; ``False``: never.
         tracer_provider: an OpenTelemetry provider (default: the global one; none set costs nothing).
+        meter_provider: an OpenTelemetry meter provider for the same latencies and steps as OTel histograms
+            (an SDK's exponential aggregation: :mod:`perfsdk.sinks.otel_metrics`; default: the global one).
         timing: ``"auto"`` (CUDA events if torch is imported and sees a GPU), ``"cuda"``, ``"host"``.
         cuda_events: ``"auto"`` (default: raw driver events through libcuda, the cheapest record, else
             torch's), ``"driver"``, ``"torch"`` (``torch.cuda.Event``; runs the Python hot path).
@@ -165,6 +167,7 @@ class Monitor:
         prometheus: bool = True,
         otel: bool | None = None,
         tracer_provider: Any = None,
+        meter_provider: Any = None,
         nvtx: bool | str | None = None,
         timing: str | None = None,
         cuda_events: str | None = None,
@@ -213,7 +216,8 @@ class Monitor:
         parts = assembly.assemble(
             cfg, model=self.model, hardware=self.hardware, compute_dtype=self.compute_dtype,
             model_name=self.model_name, registry=registry, prometheus=prometheus, tracer_provider=tracer_provider,
-            clock=self._clock, epoch_offset_ns=self._epoch_offset_ns, errors=self._errors, events=_events)
+            clock=self._clock, epoch_offset_ns=self._epoch_offset_ns, errors=self._errors, events=_events,
+            meter_provider=meter_provider)
         self.timing, self.cuda_events, self.hot_path = parts.timing, parts.cuda_events, parts.hot_path
         self.nvtx_backend, self.rank, self.registry = parts.nvtx_backend, parts.rank, parts.registry
         self._rank_label, self._prom, self._otel = parts.rank_label, parts.prom, parts.otel

@@ -16,8 +16,9 @@ What the core does, per :class:`~perfsdk.records.StepRecord`, in order:
   (:mod:`perfsdk.buckets`), bytes, FLOPs and tokens — counters only for timed steps' bytes and FLOPs,
   so bytes over step seconds stays exact in PromQL;
 * keeps the last :data:`WINDOW` steps per phase for :meth:`perfsdk.Monitor.stats`, a deterministic
-  sample of steps for spans (``step_span_rate``), and, while a profiler window listens, every decode
-  step's time, batch and MBU.
+  sample of steps for spans (``step_span_rate``), while a profiler window listens every decode step's
+  time, batch and MBU, and while an OpenTelemetry metrics sink listens (``feed_values``) every timed
+  step's phase, time, MBU and MFU (up to :data:`VALUES` per take; beyond, counted).
 
 The collector thread calls :meth:`take` every export interval and hands the totals to the sinks;
 :meth:`sync` waits (GIL released) until every step pushed before the call is counted. Nothing here
@@ -41,6 +42,7 @@ __all__ = ["WINDOW", "PhaseTotals", "PyStepCore", "StepSample", "StepTotals", "n
 
 WINDOW = 4096  # steps kept per phase for stats()
 WINDOW_FEED = 8192  # decode steps kept for a profiler window between two takes
+VALUES = 16384  # timed steps' values kept between two takes for an OpenTelemetry metrics sink (feed_values)
 SAMPLES = 4096  # sampled steps kept between two takes (for spans)
 IDLE_MAX = 0.1  # longest sleep of an idle core (s); poll_interval is the shortest
 
@@ -88,6 +90,7 @@ class StepTotals:
     window: list[tuple[float, int, float | None]]  # decode (seconds, batch, mbu), while feed_window
     # every timed step's (phase, seconds, mbu, mfu), while feed_values (an OpenTelemetry metrics sink listens)
     values: list[tuple[int, float, float | None, float | None]] = field(default_factory=list)
+    values_dropped: int = 0  # timed steps beyond VALUES in one interval, left out of `values`
 
     def empty(self) -> bool:
         return all(p.empty() for p in self.phases) and not self.samples and not self.window
@@ -137,6 +140,7 @@ class PyStepCore:
         self._recent = [_Recent(), _Recent(), _Recent()]
         self._sampled = 0  # steps seen by the span sampler
         self.feed_window = False
+        self.feed_values = False  # keep every timed step's values (an OpenTelemetry metrics sink listens)
         self.pushed = 0  # records accepted (serving threads, under the GIL)
         self.done = 0  # records fully counted (this core's thread)
         self.dropped = 0  # records refused because the queue was full (serving threads)
@@ -342,6 +346,11 @@ class PyStepCore:
                 if len(win) >= WINDOW_FEED:
                     del win[0]  # only the latest steps matter to a steadiness check
                 win.append((seconds, rec.batch, mbu))
+            if self.feed_values and seconds is not None:
+                if len(self._totals.values) < VALUES:
+                    self._totals.values.append((p, seconds, mbu, mfu))
+                else:
+                    self._totals.values_dropped += 1
 
     def _sample(self) -> bool:
         """Deterministic sampling at step_span_rate: step n is sampled when floor(n x rate) moves."""
@@ -406,11 +415,11 @@ def native_core(native: Any, costs: StepCosts, capacity: int, span_rate: float, 
         implementation = "c"
 
         def take(self) -> StepTotals:
-            phases, samples, window = super().take()
+            phases, samples, window, values, values_dropped = super().take()
             return StepTotals(
                 tuple(PhaseTotals(p[0], p[1], list(p[2]), p[3], list(p[4]), p[5], list(p[6]), p[7], p[8], p[9],
                                   p[10]) for p in phases),  # type: ignore[arg-type]
-                [StepSample(*x) for x in samples], window)
+                [StepSample(*x) for x in samples], window, values, values_dropped)
 
     return NativeStepCore(costs=costs, capacity=capacity, span_rate=span_rate, poll_interval=poll_interval,
                           events=events, event_capacity=event_capacity, event_prefill=event_prefill,

@@ -59,6 +59,7 @@ def random_records(rng: random.Random, n: int) -> list[StepRecord]:
 
 def run(core: Any, records: list[StepRecord], feed_window: bool = True) -> tuple[StepTotals, list[Any]]:
     core.feed_window = feed_window
+    core.feed_values = feed_window
     core.start()
     try:
         for r in records:
@@ -92,6 +93,24 @@ def test_c_and_python_cores_agree_exactly(seed: int, model: str) -> None:
     totals, _ = py
     assert sum(p.steps for p in totals.phases) == len(records)
     assert len(totals.samples) == 300  # span_rate 0.1: every tenth step, deterministically
+
+
+@needs_c
+def test_the_value_feed_keeps_every_timed_step_and_counts_what_it_cannot() -> None:
+    """feed_values (an OpenTelemetry metrics sink): each timed step's (phase, seconds, MBU, MFU), identical in
+    both cores, at most VALUES per take, the rest counted."""
+    from perfsdk.stepcore import VALUES
+
+    n = VALUES + 7
+    recs = [StepRecord(DECODE, HOST, 0, 1_000_000 + i, None, None, 1, -1, 10, 0, 0, 0, None) for i in range(n)]
+    recs.append(StepRecord(DECODE, UNTIMED, 0, 5, None, None, 1, -1, 10, 0, 0, 0, None))  # not timed: no value
+    py = run(py_core(costs(), span_rate=0.0), recs)
+    c = run(c_core(costs(), span_rate=0.0), recs)
+    assert c == py
+    totals, _ = py
+    assert len(totals.values) == VALUES and totals.values_dropped == 7
+    phase, seconds, mbu, mfu = totals.values[0]
+    assert (phase, seconds, mfu) == (DECODE, 0.001, None) and mbu is not None and mbu > 0
 
 
 def test_costs_are_the_budget_formulas() -> None:

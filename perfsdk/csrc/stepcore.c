@@ -24,6 +24,7 @@
 
 #define WINDOW 4096
 #define WINDOW_FEED 8192
+#define VALUES 16384 /* timed steps' values kept between two takes for an OpenTelemetry metrics sink */
 #define SAMPLES 4096
 #define MAX_SITES 64
 #define IDLE_MAX 0.1
@@ -52,6 +53,11 @@ typedef struct {
     double seconds, mbu;
     int64_t batch;
 } Feed;
+
+typedef struct {
+    int32_t phase;
+    double seconds, mbu, mfu; /* NAN: none */
+} Value;
 
 typedef struct {
     int64_t steps, errors;
@@ -91,7 +97,7 @@ struct StepCore {
     /* the thread */
     pthread_t thread;
     int started;
-    _Atomic int running, stop, paused, feed_window;
+    _Atomic int running, stop, paused, feed_window, feed_values;
     pthread_mutex_t wake_lock;
     pthread_cond_t wake_cond;
     int wake_flag;
@@ -105,6 +111,9 @@ struct StepCore {
     int64_t sampled;
     Feed feed[WINDOW_FEED];
     int64_t nfeed;        /* decode steps fed since the last take (circular beyond WINDOW_FEED) */
+    Value values[VALUES]; /* timed steps since the last take, while feed_values */
+    int nvalues;
+    int64_t values_dropped; /* ... beyond VALUES */
     int64_t errors;       /* CUDA errors reading events */
     Site sites[MAX_SITES];
     int nsites;
@@ -344,6 +353,17 @@ static void count_step(StepCore *c, const StepRecord *r, double seconds) {
         f->seconds = seconds;
         f->batch = r->batch;
         f->mbu = mbu;
+    }
+    if (atomic_load(&c->feed_values) && !isnan(seconds)) {
+        if (c->nvalues < VALUES) {
+            Value *v = &c->values[c->nvalues++];
+            v->phase = r->phase;
+            v->seconds = seconds;
+            v->mbu = mbu;
+            v->mfu = mfu;
+        } else {
+            c->values_dropped++;
+        }
     }
     pthread_mutex_unlock(&c->lock);
 }
@@ -771,14 +791,16 @@ static PyObject *core_take(StepCore *c, PyObject *Py_UNUSED(ignored)) {
     PhaseTotals *t = PyMem_RawMalloc(sizeof(PhaseTotals) * NPHASES);
     Sample *s = PyMem_RawMalloc(sizeof(Sample) * SAMPLES);
     Feed *f = PyMem_RawMalloc(sizeof(Feed) * WINDOW_FEED);
-    if (!t || !s || !f) {
+    Value *v = PyMem_RawMalloc(sizeof(Value) * VALUES);
+    if (!t || !s || !f || !v) {
         PyMem_RawFree(t);
         PyMem_RawFree(s);
         PyMem_RawFree(f);
+        PyMem_RawFree(v);
         return PyErr_NoMemory();
     }
-    int nsamples;
-    int64_t nfeed;
+    int nsamples, nv;
+    int64_t nfeed, vdropped;
     pthread_mutex_lock(&c->lock);
     memcpy(t, c->totals, sizeof(PhaseTotals) * NPHASES);
     memset(c->totals, 0, sizeof(PhaseTotals) * NPHASES);
@@ -789,11 +811,17 @@ static PyObject *core_take(StepCore *c, PyObject *Py_UNUSED(ignored)) {
     int64_t first = nfeed > WINDOW_FEED ? nfeed - WINDOW_FEED : 0;
     for (int64_t i = first; i < nfeed; i++) f[i - first] = c->feed[i % WINDOW_FEED];
     c->nfeed = 0;
+    nv = c->nvalues;
+    memcpy(v, c->values, sizeof(Value) * (size_t)nv);
+    c->nvalues = 0;
+    vdropped = c->values_dropped;
+    c->values_dropped = 0;
     pthread_mutex_unlock(&c->lock);
     int nf = (int)(nfeed - first);
     PyObject *phases = PyTuple_New(NPHASES), *samples = PyList_New(nsamples), *window = PyList_New(nf);
+    PyObject *values = PyList_New(nv);
     PyObject *out = NULL;
-    if (!phases || !samples || !window) goto done;
+    if (!phases || !samples || !window || !values) goto done;
     for (int p = 0; p < NPHASES; p++) {
         PhaseTotals *x = &t[p];
         PyObject *sc = counts_tuple(x->step_counts, c->nstep + 1), *mc = counts_tuple(x->mbu_counts, c->nutil + 1),
@@ -829,14 +857,24 @@ static PyObject *core_take(StepCore *c, PyObject *Py_UNUSED(ignored)) {
         if (!item) goto done;
         PyList_SET_ITEM(window, i, item);
     }
-    out = PyTuple_Pack(3, phases, samples, window);
+    for (int i = 0; i < nv; i++) {
+        PyObject *mbu = opt_float(v[i].mbu), *mfu = opt_float(v[i].mfu);
+        PyObject *item = (mbu && mfu) ? Py_BuildValue("(idOO)", v[i].phase, v[i].seconds, mbu, mfu) : NULL;
+        Py_XDECREF(mbu);
+        Py_XDECREF(mfu);
+        if (!item) goto done;
+        PyList_SET_ITEM(values, i, item);
+    }
+    out = Py_BuildValue("(OOOOL)", phases, samples, window, values, (long long)vdropped);
 done:
     Py_XDECREF(phases);
     Py_XDECREF(samples);
     Py_XDECREF(window);
+    Py_XDECREF(values);
     PyMem_RawFree(t);
     PyMem_RawFree(s);
     PyMem_RawFree(f);
+    PyMem_RawFree(v);
     return out;
 }
 
@@ -1021,6 +1059,13 @@ static int core_set_feed(StepCore *c, PyObject *v, void *_) {
     atomic_store(&c->feed_window, b);
     return 0;
 }
+static PyObject *core_get_feed_values(StepCore *c, void *_) { return PyBool_FromLong(atomic_load(&c->feed_values)); }
+static int core_set_feed_values(StepCore *c, PyObject *v, void *_) {
+    int b = v ? PyObject_IsTrue(v) : 0;
+    if (b < 0) return -1;
+    atomic_store(&c->feed_values, b);
+    return 0;
+}
 static PyObject *core_get_alive(StepCore *c, void *_) {
     return PyBool_FromLong(c->started && atomic_load(&c->running));
 }
@@ -1031,7 +1076,7 @@ static PyMethodDef core_methods[] = {
     {"sync", (PyCFunction)core_sync, METH_VARARGS,
      "sync(timeout=None) -> bool: wait (GIL released) until every step pushed before the call is counted."},
     {"pause", (PyCFunction)core_pause, METH_O, "pause(flag): stop reading records, or carry on (tests)."},
-    {"take", (PyCFunction)core_take, METH_NOARGS, "take() -> (phases, samples, window): totals since the last take."},
+    {"take", (PyCFunction)core_take, METH_NOARGS, "take() -> (phases, samples, window, values, values_dropped): totals since the last take."},
     {"recent", (PyCFunction)core_recent, METH_O, "recent(phase) -> (steps, errors, seconds, mbu, mfu)."},
     {"take_errors", (PyCFunction)core_take_errors, METH_NOARGS, "take_errors() -> [(site, message)]."},
     {"push", (PyCFunction)core_push_py, METH_O, "push(StepRecord) -> bool: queue a step with no events."},
@@ -1051,6 +1096,8 @@ static PyGetSetDef core_getset[] = {
     {"events_created", (getter)core_get_events_created, NULL, "events made so far", NULL},
     {"feed_window", (getter)core_get_feed, (setter)core_set_feed, "keep every decode step for a profiler window",
      NULL},
+    {"feed_values", (getter)core_get_feed_values, (setter)core_set_feed_values,
+     "keep every timed step's (phase, seconds, mbu, mfu) for an OpenTelemetry metrics sink", NULL},
     {"alive", (getter)core_get_alive, NULL, "the thread runs", NULL},
     {NULL}};
 
