@@ -24,6 +24,8 @@ GPU it runs on, or measure what is achievable::
 
 Anything that accepts hardware (``perfsdk.Monitor(hardware=...)``) goes through :func:`resolve`:
 ``None``, ``"auto"`` (detect, or ``None`` when there is no GPU), ``"calibrate"``, a name, or a spec.
+``"auto"`` finds the GPU without importing torch (:mod:`perfsdk.gpu_probe`: NVML, the NVIDIA driver, or a
+torch the caller already imported).
 
 From the shell, ``perfsdk calibrate`` prints the measured ceilings (``--json`` for machines).
 
@@ -32,8 +34,9 @@ reaches ~85% of the bandwidth and a large bf16 GEMM ~75-80% of the tensor rate (
 ``perfsdk calibrate`` measured 4.1 of 4.8 TB/s and 757-763 of 989 TFLOP/s,
 torch 2.11), which is why :func:`calibrate` exists.
 
-torch is imported only inside :func:`detect`, :func:`device_info` and :func:`calibrate`; the
-table and lookups are plain Python.
+torch is imported only inside :func:`device_info`, :func:`calibrate` and :func:`detect` (there only
+when :mod:`perfsdk.gpu_probe` cannot name the device: an AMD GPU, a MIG slice, mixed GPU models); the
+table, lookups and ``"auto"`` on a host without a GPU are plain Python.
 """
 
 from __future__ import annotations
@@ -449,34 +452,73 @@ def _cuda_index(torch: Any, device: int | str | None) -> int:
     return int(dev.index) if dev.index is not None else int(torch.cuda.current_device())
 
 
-def _gpu_present() -> bool:
-    try:
-        import torch  # optional and heavy
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+def _probed() -> tuple[bool, HardwareSpec | None]:
+    """``(answered, spec)``: this process's GPU as found without importing torch (:mod:`perfsdk.gpu_probe`).
 
-
-def detect(device: int | str | None = None) -> HardwareSpec:
-    """The datasheet row of the current (or given) CUDA/ROCm device.
-
-    Raises :class:`UnknownHardwareError` when there is no GPU (or no torch) and when the device's
-    name maps to no row; both messages say how to pass a spec instead.
+    ``(True, spec)``: its datasheet row; ``(True, None)``: no GPU; ``(False, None)``: only torch can tell.
+    Raises :class:`UnknownHardwareError` for a GPU that is not in the table.
     """
+    from perfsdk import gpu_probe
+
+    found = gpu_probe.probe()
+    if found.present is False:
+        log.debug("hardware='auto': no GPU (%s)", found.how)
+        return True, None
+    if found.device is None:
+        log.debug("hardware='auto': %s; asking torch", found.how)
+        return False, None
     try:
-        import torch  # optional and heavy; only detection needs it
+        return True, match_device_name(found.device.name, found.device.memory_bytes)
+    except UnknownHardwareError:
+        if found.device.memory_bytes is not None:
+            raise
+        log.debug("hardware='auto': %s needs its memory size to pick a row; asking torch", found.device.name)
+        return False, None
+
+
+def _detect_torch(device: int | str | None, missing_ok: bool) -> HardwareSpec | None:
+    """The device's row through torch; with *missing_ok*, None (not an error) without torch or a GPU."""
+    try:
+        import torch  # optional and heavy; only a device the probe cannot name needs it
     except ImportError:
+        if missing_ok:
+            return None
         raise UnknownHardwareError(
             f"hardware: cannot detect the GPU because torch is not installed; name the part "
             f"(hardware='h100-sxm') or {_HINT}."
         ) from None
     if not torch.cuda.is_available():
+        if missing_ok:
+            return None
         raise UnknownHardwareError(
             f"hardware: no GPU found (torch {torch.__version__}: torch.cuda.is_available() is False), so "
             f"'auto' has nothing to detect; name the part (hardware='h100-sxm') or {_HINT}."
         )
     props = torch.cuda.get_device_properties(_cuda_index(torch, device))
     return match_device_name(str(props.name), int(props.total_memory))
+
+
+def detect(device: int | str | None = None) -> HardwareSpec:
+    """The datasheet row of the current (or given) CUDA/ROCm device.
+
+    The current device is found without importing torch where NVML, the NVIDIA driver or an already
+    imported torch can say which it is (:mod:`perfsdk.gpu_probe`); torch is imported only for a *device*
+    argument, an AMD GPU, or a device the others cannot tell apart. Raises :class:`UnknownHardwareError`
+    when there is no GPU (or no torch where it is needed) and when the device's name maps to no row; both
+    messages say how to pass a spec instead.
+    """
+    if device is None:
+        answered, spec = _probed()
+        if answered and spec is None:
+            raise UnknownHardwareError(
+                f"hardware: no GPU found, so 'auto' has nothing to detect; name the part (hardware='h100-sxm') "
+                f"or {_HINT}."
+            )
+        if spec is not None:
+            return spec
+    spec = _detect_torch(device, missing_ok=False)
+    assert spec is not None
+    return spec
 
 
 def _nvml_info(props: Any, index: int) -> dict[str, Any]:
@@ -903,10 +945,8 @@ def resolve(value: HardwareSpec | str | None) -> HardwareSpec | None:
         )
     key = value.strip().lower()
     if key == "auto":
-        if not _gpu_present():
-            log.debug("hardware='auto': no GPU, so no hardware spec")
-            return None
-        return detect()
+        answered, spec = _probed()
+        return spec if answered else _detect_torch(None, missing_ok=True)
     if key == "calibrate":
         return calibrate().as_spec()
     return get(value)

@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from perfsdk import hardware
+from perfsdk.cli._args import positive_int
 from perfsdk.errors import UnknownHardwareError
 
 __all__ = ["register"]
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--no-cache", action="store_true", help="re-measure, ignoring (and not writing) the cache"
     )
     cal.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
-    cal.add_argument("--size-mb", type=int, default=None, help="copy buffer size in MiB")
+    cal.add_argument("--size-mb", type=positive_int(2**40), default=None, help="copy buffer size in MiB")
     cal.set_defaults(func=_run_calibrate)
 
     hw = sub.add_parser("hardware", help="list the datasheet table (or one row)")

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from perfsdk.cli._args import finite_float
 from perfsdk.errors import ConfigError
 
 
@@ -35,7 +36,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="gate METRIC with its own tolerance, e.g. 'TTFT P99 (ms)=20%%' (repeatable); "
                         f"default gates: {', '.join(DEFAULT_GATES)}")
     c.add_argument("--only", action="store_true", help="gate only the --gate metrics, not the defaults")
-    c.add_argument("--min-delta-ms", type=float, default=1.0,
+    c.add_argument("--min-delta-ms", type=finite_float(0, 1e9, what="a number of milliseconds"), default=1.0,
                    help="a latency must also move by more than this many ms to fail (default 1)")
     c.add_argument("--allow-config-diff", action="store_true",
                    help="compare runs made with different settings (rate, lengths, model, ...)")
