@@ -75,6 +75,7 @@ from typing import Any
 from perfsdk.errors import ConfigError
 
 __all__ = [
+    "MAX_RANK",
     "MonitorConfig",
     "cache_dir",
     "check_int",

@@ -126,8 +126,13 @@ def test_bad_multiprocess_directory_is_a_config_error(tmp_path: Any, case: str, 
     good = tmp_path / "mp"
     good.mkdir()
     (tmp_path / "file").write_text("")
-    value = {"missing": str(tmp_path / "nope"), "read-only": _read_only_dir(tmp_path) if case == "read-only" else "",
-             "plain file": str(tmp_path / "file"), "space-padded": f" {good} ", "empty": ""}[case]
+    value = {
+        "missing": str(tmp_path / "nope"),
+        "read-only": _read_only_dir(tmp_path) if case == "read-only" else "",
+        "plain file": str(tmp_path / "file"),
+        "space-padded": f" {good} ",
+        "empty": "",
+    }[case]
     code = textwrap.dedent("""
         import perfsdk
         try:
@@ -138,8 +143,9 @@ def test_bad_multiprocess_directory_is_a_config_error(tmp_path: Any, case: str, 
             print("accepted")
     """)
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": value}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                         check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("PROMETHEUS_MULTIPROC_DIR (environment): "), out.stdout + out.stderr
     assert message in out.stdout

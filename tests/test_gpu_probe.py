@@ -46,8 +46,14 @@ def run_fresh(code: str, env: dict[str, str] | None = None) -> str:
     """Run *code* in a new interpreter (no torch imported yet, no NVML); return its stdout."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
     full_env.update(env or {})
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         timeout=120, env=full_env, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=full_env,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -83,12 +89,15 @@ def test_auto_names_the_gpu_from_the_driver_listing_without_torch(tmp_path: Path
 def test_cuda_visible_devices_empty_hides_the_listed_gpus(tmp_path: Path) -> None:
     root = driver_listing(tmp_path / "gpus", "NVIDIA H100 80GB HBM3")
     for hidden in ("", "-1", " -1,0"):
-        out = run_fresh(f"""
+        out = run_fresh(
+            f"""
             from pathlib import Path
             from perfsdk import gpu_probe, hardware
             gpu_probe.PROC_GPUS = Path({str(root)!r})
             print(hardware.resolve("auto"))
-        """, {"CUDA_VISIBLE_DEVICES": hidden})
+        """,
+            {"CUDA_VISIBLE_DEVICES": hidden},
+        )
         assert out.strip() == "None"
 
 
@@ -120,8 +129,9 @@ _L4 = Device("NVIDIA L4", None, "procfs", "GPU-bbbb")
         ([_A100], "MIG-1234", False, None, None),  # a MIG slice: only torch or the driver names it
     ],
 )
-def test_choosing_cudas_device_zero(devices: list[Device], first: str | None, pci_order: bool,
-                                    present: bool | None, name: str | None) -> None:
+def test_choosing_cudas_device_zero(
+    devices: list[Device], first: str | None, pci_order: bool, present: bool | None, name: str | None
+) -> None:
     found = gpu_probe._choose(devices, first, pci_order, "test")
     assert found.present is present
     assert (found.device.name if found.device else None) == name
