@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfsdk._guard import ErrorGuard
-from perfsdk.config import MonitorConfig
+from perfsdk.config import MAX_RANK, MonitorConfig, env_int, multiproc_dir
 from perfsdk.errors import ConfigError, MissingDependencyError
 from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps, bare_function, check_sizes, decorate
 from perfsdk.model import ModelSpec
@@ -112,6 +111,7 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
     sinks: list[Any] = []
     prom = otel = None
     if prometheus:
+        multiproc_dir()  # PROMETHEUS_MULTIPROC_DIR: a clear error now, not an OS error on the first metric
         from prometheus_client import REGISTRY
 
         registry = registry if registry is not None else REGISTRY
@@ -348,12 +348,13 @@ def rank_port(port: int) -> int:
     Every rank of a host gets its own /metrics port (one scrape target per rank: a rank that dies shows as
     a target down), from one setting shared by all ranks. Port 0 (any free port) stays 0.
     """
-    local = os.environ.get("LOCAL_RANK", "")
-    return port + int(local) if port and local.isdigit() else port
+    local = env_int("LOCAL_RANK", 0, MAX_RANK)
+    return port + local if port and local else port
 
 
 def detect_rank(rank: int | str | None) -> int | None:
-    """The rank label: an int as given; ``"auto"``: this process's rank when it is one of several."""
+    """The rank label: an int as given; ``"auto"``: this process's rank when it is one of several
+    (torch.distributed if already initialised, else torchrun's ``WORLD_SIZE`` and ``RANK``)."""
     if rank is None or rank == "none":
         return None
     if isinstance(rank, int):
@@ -364,8 +365,7 @@ def detect_rank(rank: int | str | None) -> int | None:
             return int(dist.get_rank())
     except Exception:
         pass
-    world = os.environ.get("WORLD_SIZE")
-    if world and world.isdigit() and int(world) > 1:
-        rank_env = os.environ.get("RANK", "0") or "0"
-        return int(rank_env) if rank_env.isdigit() else None
+    world = env_int("WORLD_SIZE", 1, MAX_RANK)
+    if world is not None and world > 1:
+        return env_int("RANK", 0, world - 1) or 0
     return None

@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Any
 from perfsdk import assembly
 from perfsdk._guard import ErrorGuard
 from perfsdk.assembly import load_native
-from perfsdk.config import MonitorConfig, env
+from perfsdk.config import MonitorConfig
 from perfsdk.errors import ConfigError
 from perfsdk.hotpath import NoStep, Step, host_step
 from perfsdk.model import ModelSpec
@@ -141,8 +141,8 @@ class Monitor:
         step_span_rate: fraction of steps that get a span (0: none; deterministic, every 1/rate-th step).
         compute_dtype: dtype whose dense peak MFU divides by (default: the model's dtype, bf16 for
             integer weights).
-        rank: ``"auto"`` adds a ``rank`` label when this process is one rank of several; an int forces it;
-            ``None``: no label.
+        rank: ``"auto"`` (default, or ``PERFSDK_RANK``) adds a ``rank`` label when this process is one rank
+            of several; an int forces it; ``None``: no label.
         hot_path: ``"auto"`` (default): the hot path and step core in C (``perfsdk._native``) where the
             extension was built and the events allow, else in Python; ``"c"`` (raise if not possible) or
             ``"python"``. ``Monitor.hot_path`` says which runs.
@@ -178,7 +178,7 @@ class Monitor:
         timing_every: int | None = None,
         step_span_rate: float | None = None,
         compute_dtype: str | None = None,
-        rank: int | str | None = "auto",
+        rank: int | str | None = _UNSET,
         hot_path: str | None = None,
         poll_interval: float | None = None,
         export_interval: float | None = None,
@@ -192,7 +192,7 @@ class Monitor:
             cuda_events=cuda_events, hot_path=hot_path, queue_size=queue_size, event_pool_size=event_pool_size,
             timing_every=timing_every, chain_gap_us=chain_gap_us, step_span_rate=step_span_rate,
             poll_interval=poll_interval, export_interval=export_interval, strict=strict, operation=operation,
-            compute_dtype=compute_dtype, rank="none" if rank is None else rank,
+            compute_dtype=compute_dtype, rank=None if rank is _UNSET else "none" if rank is None else rank,
         )
         if clock is not None and not callable(clock):
             raise ConfigError(f"clock: expected a () -> int nanoseconds callable, got {clock!r}")
@@ -207,9 +207,9 @@ class Monitor:
         self._server: MetricsServer | None = None
         self._closed = False
         self._collector: Collector | None = None
-        self.model = assembly.resolve_model(env("PERFSDK_MODEL") if model is _UNSET else model)
+        self.model = assembly.resolve_model(cfg.model if model is _UNSET else model)
         self.model_name = cfg.model_name or (self.model.name if self.model else "") or "unknown"
-        asked = (env("PERFSDK_HARDWARE") or "auto") if hardware is _UNSET else hardware
+        asked = cfg.hardware if hardware is _UNSET else hardware
         self.hardware = assembly.resolve_hardware(asked)
         self.compute_dtype = cfg.compute_dtype or assembly.default_compute_dtype(self.model)
 

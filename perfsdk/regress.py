@@ -51,6 +51,7 @@ from typing import Any
 from perfsdk.bench.compare import ComparisonRow, compare_results, config_diff, format_interval, metric_path
 from perfsdk.bench.noise import METHOD, Interval, mean
 from perfsdk.bench.result import BenchResult
+from perfsdk.config import clean, parse_float
 from perfsdk.errors import ConfigError
 
 __all__ = [
@@ -299,14 +300,14 @@ def cannot_compare_markdown(reason: str) -> str:
 
 def parse_tolerance(text: str) -> float:
     """``"10%"`` or ``"0.1"`` → 0.1."""
-    s = str(text).strip()
-    try:
-        value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
+    s = clean(str(text)) or ""
+    percent = s.endswith("%")
+    try:  # perfsdk.config's number rule, as for every number on the command line
+        value = parse_float(s[:-1] if percent else s, 0, 1e6 if percent else 1e4)
     except ValueError:
-        raise ConfigError(f"tolerance: expected a fraction or a percentage like 10%, got {text!r}") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise ConfigError(f"tolerance: must be a finite value >= 0, got {text!r}")
-    return value
+        raise ConfigError(f"tolerance: expected a fraction or a percentage like 10% (at most 1000000%), "
+                          f"got {text!r}") from None
+    return value / 100 if percent else value
 
 
 def parse_gate(text: str) -> tuple[str, float]:

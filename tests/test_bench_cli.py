@@ -67,9 +67,21 @@ def test_serve_exits_1_when_every_request_fails(capsys: pytest.CaptureFixture[st
     [
         ("--input-len", "uniform:9-1", "input_len"),
         ("--goodput", "itl:5", "goodput"),
-        ("--num-prompts", "0", "num_prompts"),
-        ("--timeout", "inf", "timeout_s"),  # was an OverflowError traceback from aiohttp
-        ("--temperature", "inf", "temperature"),
+        ("--num-prompts", "0", "argument --num-prompts: must be within [1, "),
+        ("--timeout", "inf", "argument --timeout: expected a number of seconds"),  # was an aiohttp OverflowError
+        ("--temperature", "inf", "argument --temperature: expected a number"),
+        # issue 20, item 11: one number rule for every flag (perfsdk.cli._args)
+        ("--timeout", "1e300", "argument --timeout: must be a number of seconds within (0, 86400]"),
+        ("--request-rate", "nan", "argument --request-rate: expected a number of requests/s"),
+        ("--request-rate", "1e400", "argument --request-rate: must be a number of requests/s"),
+        ("--burstiness", "nan", "argument --burstiness: expected a number"),
+        ("--burstiness", "1e-300", "argument --burstiness: must be a number within [0.001, 1000]"),
+        ("--percentiles", "nan", "argument --percentiles: expected a number"),
+        ("--max-concurrency", "1" + "0" * 400, "argument --max-concurrency: must be within [1, 1000000], got a"),
+        ("--num-prompts", "１２", "argument --num-prompts: expected an integer"),
+        ("--seed", "-1", "argument --seed: must be within [0, "),
+        ("--goodput", "ttft:nan", "goodput: ttft: expected a number of milliseconds"),
+        ("--goodput", "ttft:１２", "goodput: ttft: expected a number of milliseconds"),
         ("--input-len", "normal:nan,5", "input_len"),  # was a ValueError traceback while drawing lengths
         ("--output-len", "1" + "0" * 400, "output_len"),  # was an OverflowError traceback
     ],

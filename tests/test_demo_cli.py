@@ -108,6 +108,26 @@ def test_bad_flags_are_reported_without_a_traceback() -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--duration", "nan"), ("--duration", "inf"), ("--request-rate", "nan"), ("--request-rate", "inf"),
+     ("--duration", "1e400"), ("--num-prompts", "0"), ("--port", "65536")],
+)
+def test_bad_numbers_exit_2_naming_the_flag(flag: str, value: str) -> None:
+    """Were a ValueError (nan) and an OverflowError (inf) traceback from round(rate * duration)."""
+    proc = _run(flag, value, timeout=60)
+    assert proc.returncode == 2
+    assert f"argument {flag}: " in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_load_beyond_the_demo_is_refused_before_building_anything() -> None:
+    proc = _run("--device", "cpu", "--duration", "86400", "--request-rate", "10000", timeout=60)
+    assert proc.returncode == 2
+    assert "--request-rate × --duration is 864,000,000 requests" in proc.stderr
+    assert "building" not in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_serve_keeps_serving_after_the_report_until_ctrl_c() -> None:
     import httpx
 

@@ -34,12 +34,14 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 from perfsdk.bench.distributions import LengthSpec
+from perfsdk.config import check_number, parse_float
 from perfsdk.errors import ConfigError
 
 __all__ = ["GOODPUT_METRICS", "BenchConfig", "parse_goodput"]
 
-#: SLO names accepted by ``--goodput``; values are milliseconds.
+#: SLO names accepted by ``--goodput``; values are milliseconds, at most MAX_SLO_MS.
 GOODPUT_METRICS: tuple[str, ...] = ("ttft", "tpot", "e2el")
+MAX_SLO_MS = 1e9
 
 Endpoint = Literal["completions", "chat"]
 
@@ -65,13 +67,14 @@ def parse_goodput(items: Sequence[str] | Mapping[str, float] | None) -> dict[str
         key = str(name).strip().lower()
         if key not in GOODPUT_METRICS:
             raise ConfigError(f"goodput: unknown metric {name!r}; choose from {', '.join(GOODPUT_METRICS)}")
-        try:
-            ms = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"goodput: {key} needs a number of milliseconds, got {value!r}") from None
-        if not ms > 0 or math.isinf(ms):
-            raise ConfigError(f"goodput: {key} must be a positive number of milliseconds, got {value!r}")
-        out[key] = ms
+        if isinstance(value, str):  # from the command line: perfsdk.config's number rule
+            try:
+                out[key] = parse_float(value, 0, MAX_SLO_MS, open_low=True, what="a number of milliseconds")
+            except ValueError as e:
+                raise ConfigError(f"goodput: {key}: {e}") from None
+        else:
+            what = "a number of milliseconds"
+            out[key] = check_number(f"goodput: {key}", value, 0, MAX_SLO_MS, open_low=True, what=what)
     return out
 
 

@@ -15,6 +15,10 @@ A subcommand module imports only argparse and perfsdk's light core at import tim
 (torch, aiohttp, zmq) is imported when it runs, so ``perfsdk floor`` never pays for torch. A
 subcommand module that cannot be imported — a broken install — is still listed; running it says why and
 exits 2, instead of the subcommand silently vanishing.
+
+Every number a flag takes is parsed by one of :mod:`perfsdk.cli._args`'s types (the rule of
+:mod:`perfsdk.config`), so ``nan``, ``inf`` and absurd magnitudes are usage errors: exit 2 and a message
+naming the flag.
 """
 
 from __future__ import annotations
@@ -79,8 +83,13 @@ def _broken(sub: argparse._SubParsersAction[argparse.ArgumentParser], command: s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``perfsdk`` command; returns its exit status (2: a usage or configuration error, with a
+    message on stderr and no traceback)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: a bad flag (2, its message printed) or --help/--version (0)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )

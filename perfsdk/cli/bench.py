@@ -24,17 +24,17 @@ from __future__ import annotations
 import argparse
 import math
 
+from perfsdk.cli._args import DAY_S, SEED, finite_float, int_range, positive_int
 from perfsdk.errors import ConfigError
 
 __all__ = ["register"]
 
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of requests/s or 'inf', got {text!r}") from None
-    return value
+# The flags' ranges: beyond them a value is a typo, and some would overflow (an arrival gap of 1e-300 s) or
+# hold the run for centuries. --request-rate also takes "inf": every request at once.
+MAX_PROMPTS = 10**9
+MAX_RATE = 1e6
+MAX_CONCURRENCY = 10**6
+RATE = finite_float(0, MAX_RATE, open_low=True, allow_inf=True, what="a number of requests/s")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -50,21 +50,37 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
     s.add_argument("--model", required=True, help="model name as the server knows it")
     s.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
-    s.add_argument("--num-prompts", type=int, default=100, help="measured requests (default 100)")
-    s.add_argument("--request-rate", type=_rate, default=math.inf, help="requests/s; 'inf' sends all at once")
-    s.add_argument("--burstiness", type=float, default=1.0, help="1 = Poisson; <1 burstier; >1 more regular")
-    s.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
+    s.add_argument("--num-prompts", type=positive_int(MAX_PROMPTS), default=100, help="measured requests (default 100)")
+    s.add_argument("--request-rate", type=RATE, default=math.inf, help="requests/s; 'inf' sends all at once")
+    s.add_argument(
+        "--burstiness", type=finite_float(1e-3, 1e3), default=1.0, help="1 = Poisson; <1 burstier; >1 more regular"
+    )
+    s.add_argument(
+        "--max-concurrency", type=positive_int(MAX_CONCURRENCY), default=None, help="cap on requests in flight"
+    )
     s.add_argument("--input-len", default="128", help="N, uniform:A-B or normal:MEAN,STD (tokens)")
     s.add_argument("--output-len", default="128", help="N, uniform:A-B or normal:MEAN,STD (tokens)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--warmup", type=int, default=0, help="extra requests sent first and left out of results")
+    s.add_argument("--seed", type=SEED, default=0)
+    s.add_argument(
+        "--warmup",
+        type=int_range(0, MAX_CONCURRENCY),
+        default=0,
+        help="extra requests sent first and left out of results",
+    )
     s.add_argument("--ignore-eos", action="store_true", help="ask for exactly --output-len tokens")
     s.add_argument(
         "--goodput", nargs="+", metavar="NAME:MS", default=None, help="SLOs, e.g. ttft:500 tpot:50 e2el:5000"
     )
-    s.add_argument("--percentiles", nargs="+", type=float, default=[99.0], help="default: 99")
-    s.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
-    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument(
+        "--percentiles", nargs="+", type=finite_float(0, 100, open_low=True), default=[99.0], help="default: 99"
+    )
+    s.add_argument(
+        "--timeout",
+        type=finite_float(0, DAY_S, open_low=True, what="a number of seconds"),
+        default=300.0,
+        help="seconds per request, at most a day (default 300)",
+    )
+    s.add_argument("--temperature", type=finite_float(0, 100), default=0.0)
     s.add_argument("--api-key", default=None, help="sent as a Bearer token; never saved")
     s.add_argument(
         "--repeat",

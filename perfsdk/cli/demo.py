@@ -27,6 +27,7 @@ import logging
 import sys
 from typing import Any
 
+from perfsdk.cli._args import DAY_S, PORT, SEED, finite_float, positive_int
 from perfsdk.errors import ConfigError
 
 __all__ = ["register", "run_demo"]
@@ -42,6 +43,11 @@ _DEFAULTS: dict[str, tuple[float, float, str, int]] = {
     "cuda": (30.0, 8.0, "128", 32),
 }
 _EAGER_CUDA_RATE = 3.0
+# what a demo on one machine can mean: beyond these the load is a typo (and rate × duration would be a
+# billion prompts built before the first is sent)
+MAX_RATE = 10_000.0
+MAX_PROMPTS = 1_000_000
+MAX_SLOTS = 4096
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,7 +59,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--port",
-        type=int,
+        type=PORT,
         default=None,
         help="port to listen on (0: any free one; default 0, 8000 with --serve)",
     )
@@ -62,24 +68,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--model-size", default=None, help="tiny | small | 1b | 8b (default: tiny on CPU, 1b on CUDA)")
     p.add_argument("--engine", default="auto",
                    help="auto | eager | graph | compile | int8 (default auto: eager on CPU, the fastest rung on CUDA)")
-    p.add_argument("--duration", type=float, default=None, help="seconds of load (default 25 on CPU, 30 on CUDA)")
-    p.add_argument("--num-prompts", type=int, default=None, help="requests to send (default: rate × duration)")
-    p.add_argument("--request-rate", type=float, default=None,
+    p.add_argument("--duration", type=finite_float(0, DAY_S, open_low=True, what="a number of seconds"), default=None,
+                   help="seconds of load, at most a day (default 25 on CPU, 30 on CUDA)")
+    p.add_argument("--num-prompts", type=positive_int(MAX_PROMPTS), default=None,
+                   help="requests to send (default: rate × duration)")
+    p.add_argument("--request-rate", type=finite_float(0, MAX_RATE, open_low=True, what="a number of requests/s"),
+                   default=None,
                    help="requests/s, Poisson (default 4 CPU, 8 CUDA, 3 with --engine eager on CUDA)")
     p.add_argument("--input-len", default="uniform:32-128", help="prompt tokens: N or uniform:A-B")
     p.add_argument("--output-len", default=None, help="output tokens: N or uniform:A-B (default 64 CPU, 128 CUDA)")
     p.add_argument(
-        "--max-batch", type=int, default=None, help="KV-cache slots: most requests decoded together (8 CPU, 32 CUDA)"
+        "--max-batch", type=positive_int(MAX_SLOTS), default=None,
+        help="KV-cache slots: most requests decoded together (8 CPU, 32 CUDA)",
     )
     p.add_argument("--serve", action="store_true", help="keep serving after the report, until Ctrl-C")
-    p.add_argument("--seed", type=int, default=0, help="weights, prompts and sampling seed")
+    p.add_argument("--seed", type=SEED, default=0, help="weights, prompts and sampling seed")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-calibrate", action="store_true", help="on CPU, skip the quick calibration (MBU/MFU off)")
     g = p.add_argument_group("ladder")
     g.add_argument("--ladder", action="store_true", help="run every engine rung under one load; table, log and plot")
     g.add_argument("--rungs", default=None, help="comma-separated rungs (default: all this device runs)")
     g.add_argument("--out", default="perfsdk-ladder", help="where the ladder writes (default ./perfsdk-ladder)")
-    g.add_argument("--concurrency", type=int, default=None, help="ladder load: requests in flight (16 CUDA, 4 CPU)")
+    g.add_argument("--concurrency", type=positive_int(MAX_SLOTS), default=None,
+                   help="ladder load: requests in flight (16 CUDA, 4 CPU)")
     p.set_defaults(func=run_demo)
 
 
@@ -126,13 +137,10 @@ def run_demo(args: argparse.Namespace) -> int:
     if kind == "cuda" and args.engine.strip().lower() == "eager":
         d_rate = _EAGER_CUDA_RATE
     rate = d_rate if args.request_rate is None else args.request_rate
-    if duration <= 0:
-        raise ConfigError(f"--duration must be positive, got {duration}")
-    if rate <= 0:
-        raise ConfigError(f"--request-rate must be positive, got {rate}")
     num_prompts = args.num_prompts if args.num_prompts is not None else max(1, round(rate * duration))
-    if num_prompts < 1:
-        raise ConfigError(f"--num-prompts must be at least 1, got {num_prompts}")
+    if num_prompts > MAX_PROMPTS:
+        raise ConfigError(f"--request-rate × --duration is {num_prompts:,} requests, beyond the demo's "
+                          f"{MAX_PROMPTS:,}; lower one of them or pass --num-prompts")
     port = args.port if args.port is not None else (8000 if args.serve else 0)
     output_len = args.output_len or d_output
 

@@ -26,6 +26,7 @@ import sys
 from typing import Any
 
 from perfsdk import hardware
+from perfsdk.cli._args import finite_float, positive_int
 from perfsdk.hardware.calibration import format_rate, label, unit
 from perfsdk.hardware.calibration_cache import max_age_days
 
@@ -46,12 +47,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cal.add_argument("--json", action="store_true", help="print JSON instead of a table")
     cal.add_argument("--no-cache", action="store_true", help="re-measure, ignoring (and not writing) the cache")
     cal.add_argument("--quick", action="store_true", help="smaller sizes and fewer rounds")
-    cal.add_argument("--size-mb", type=int, default=None, help="copy buffer size in MiB")
-    cal.add_argument("--rounds", type=int, default=None,
+    cal.add_argument("--size-mb", type=positive_int(2**40), default=None, help="copy buffer size in MiB")
+    cal.add_argument("--rounds", type=positive_int(10_000), default=None,
                      help="rounds per figure (default: 5 quick / 9 on a CPU, 10 / 20 on a GPU)")  # fmt: skip
     cal.add_argument(
         "--max-age-days",
-        type=float,
+        type=finite_float(0, 36500, what="a number of days"),
         default=None,
         help="use a cached calibration up to this age (default 7; $PERFSDK_CALIBRATION_MAX_AGE_DAYS)",
     )

@@ -6,11 +6,10 @@ See :mod:`perfsdk.engines.sglang` for what it reads and how each forward becomes
 from __future__ import annotations
 
 import argparse
-import math
 import threading
 import time
 
-from perfsdk.errors import ConfigError
+from perfsdk.cli._args import PORT, finite_float, positive_int
 
 __all__ = ["register"]
 
@@ -20,15 +19,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        description=_engine_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--fpm", required=True, metavar="ENDPOINT",
                    help="SGLang's --forward-pass-metrics-ipc-name (e.g. ipc:///tmp/sglang-fpm)")
-    p.add_argument("--dp-size", type=int, default=1, help="SGLang's data-parallel size (one feed per rank)")
+    p.add_argument("--dp-size", type=positive_int(4096), default=1,
+                   help="SGLang's data-parallel size (one feed per rank)")
     p.add_argument("--model", required=True,
                    help="a known model name, or a Hugging Face model directory or config.json")
-    p.add_argument("--tp", type=int, default=1, help="SGLang's tensor-parallel size (MBU/MFU are per GPU)")
+    p.add_argument("--tp", type=positive_int(4096), default=1,
+                   help="SGLang's tensor-parallel size (MBU/MFU are per GPU)")
     p.add_argument("--hardware", default="auto", help="a datasheet name (h200, h100-sxm, ...), default: detect")
     p.add_argument("--model-name", default=None, help="the model label (default: the model's name)")
-    p.add_argument("--port", type=int, default=9400, help="serve /metrics here (default 9400)")
+    p.add_argument("--port", type=PORT, default=9400, help="serve /metrics here (default 9400)")
     p.add_argument("--addr", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: run)")
+    p.add_argument("--duration", type=finite_float(0, 1e8, open_low=True, what="a number of seconds"), default=None,
+                   help="stop after this many seconds (default: run)")
     p.set_defaults(func=_run_cli)
 
 
@@ -45,11 +47,6 @@ def _run_cli(args: argparse.Namespace) -> int:
     import perfsdk
     from perfsdk.engines.sglang import FpmSubscriber, load_model
 
-    if args.tp < 1:
-        raise ConfigError(f"--tp: must be >= 1, got {args.tp}")
-    if args.duration is not None and not (math.isfinite(args.duration) and args.duration > 0):
-        # nan and negatives stopped at once with exit 0, as if the feed had been watched
-        raise ConfigError(f"--duration: must be a positive, finite number of seconds, got {args.duration!r}")
     spec = load_model(args.model, args.tp)
     mon = perfsdk.Monitor(model=spec, hardware=args.hardware, model_name=args.model_name or spec.name,
                           service="sglang", timing="host")

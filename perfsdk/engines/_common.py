@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from perfsdk.config import env, env_flag, env_int
+
 if TYPE_CHECKING:
     from perfsdk.hardware import HardwareSpec
     from perfsdk.model import ModelSpec
@@ -102,8 +104,9 @@ def version_problem(engine: str, version: str, low: tuple[int, ...], high: tuple
 
 
 def enabled() -> bool:
-    """``PERFSDK_ENABLED`` (default on), as :class:`perfsdk.Monitor` reads it."""
-    return os.environ.get("PERFSDK_ENABLED", "1").strip().lower() not in ("0", "false", "no", "off")
+    """``PERFSDK_ENABLED`` (default on), as :class:`perfsdk.Monitor` reads it (:mod:`perfsdk.config`: a bad
+    value is a :class:`~perfsdk.errors.ConfigError` naming it, which the hooks log before running without)."""
+    return env_flag("PERFSDK_ENABLED", True)
 
 
 def distributed_rank() -> int | None:
@@ -130,8 +133,7 @@ def metrics_export() -> tuple[bool, int | None]:
         from prometheus_client import values
 
         multiproc = values.ValueClass is not values.MutexValue
-    port = os.environ.get("PERFSDK_METRICS_PORT", "").strip()
-    return multiproc, (int(port) if port else None)
+    return multiproc, env_int("PERFSDK_METRICS_PORT", 0, 65535)
 
 
 @contextlib.contextmanager
@@ -166,22 +168,23 @@ def process_monitor(engine: str, model: ModelSpec | None, name: str | None, hard
             return mon
         import perfsdk
 
+        export = metrics_export()  # a bad PERFSDK_METRICS_PORT refuses before a Monitor exists
         with env_without("PERFSDK_METRICS_PORT"):
             mon = perfsdk.Monitor(model=model, hardware=hardware, model_name=name, service=engine, rank=rank)
         _MONITORS[key] = mon
-    _export(mon, engine, (rank or 0) + port_offset, rank or 0)
+    _export(mon, engine, (rank or 0) + port_offset, rank or 0, export)
     if profiler:
         _profiler(mon)
     return mon
 
 
-def _export(mon: Monitor, engine: str, offset: int, rank: int) -> None:
-    multiproc, port = metrics_export()
+def _export(mon: Monitor, engine: str, offset: int, rank: int, export: tuple[bool, int | None]) -> None:
+    multiproc, port = export
     served = None
     if port is not None:
         try:
             served = mon.serve_metrics(port=port + offset,
-                                       addr=os.environ.get("PERFSDK_METRICS_ADDR") or "127.0.0.1").url
+                                       addr=env("PERFSDK_METRICS_ADDR") or "127.0.0.1").url
         except Exception as e:
             log.warning("perfsdk: %s rank %d cannot serve its metrics: %s", engine, rank, e)
     if multiproc or served:
@@ -199,11 +202,11 @@ def _export(mon: Monitor, engine: str, offset: int, rank: int) -> None:
 
 
 def _profiler(mon: Monitor) -> None:
-    mode = (os.environ.get("PERFSDK_PROFILER") or "").strip().lower()
+    mode = (env("PERFSDK_PROFILER") or "").lower()
     if mode in ("", "0", "off", "false", "no"):
         return
     try:
-        mon.enable_profiler(mode=mode, directory=os.environ.get("PERFSDK_PROFILE_DIR") or "./perfsdk-traces",
+        mon.enable_profiler(mode=mode, directory=env("PERFSDK_PROFILE_DIR") or "./perfsdk-traces",
                             signal=threading.current_thread() is threading.main_thread())
     except Exception as e:
         log.warning("perfsdk: profiler window not enabled in this process: %s", e)

@@ -53,6 +53,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from perfsdk.config import env
 from perfsdk.engines._common import (
     StepShape,
     count_error,
@@ -184,10 +185,8 @@ def runner_monitor(runner: Any) -> Monitor:
         spec = dataclasses.replace(spec, name=str(name))
     except Exception as e:  # an architecture perfsdk cannot size: step times without MBU/MFU
         log.warning("perfsdk: cannot size model %s from its config (%s): MBU/MFU off", name, e)
-    import os
-
     # a datasheet name, else the GPU this process runs on (the Monitor warns when it cannot tell)
-    hw = os.environ.get("PERFSDK_HARDWARE") or "auto"
+    hw = env("PERFSDK_HARDWARE") or "auto"
     return process_monitor("sglang", spec, str(name), hw, port_offset=0, rank=distributed_rank())
 
 

@@ -59,7 +59,7 @@ from perfsdk.hardware.calibration import (
 from perfsdk.hardware.calibration_cache import DEFAULT_MAX_AGE_DAYS, cache_path
 from perfsdk.hardware.calibration_run import PROBE_MARGIN, calibrate, calibrated_spec
 from perfsdk.hardware.datasheets import DTYPE_KEYS, HardwareSpec, get, match_device_name, names, normalize_dtype
-from perfsdk.hardware.detection import cpu_name, detect, device_info, gpu_present
+from perfsdk.hardware.detection import cpu_name, detect, detect_torch, device_info, probed
 
 __all__ = [
     "DATASHEET_CEILING",
@@ -109,11 +109,9 @@ def resolve(value: HardwareSpec | str | None) -> HardwareSpec | None:
             f"hardware: expected None, 'auto', 'calibrate', a name or a HardwareSpec, got {type(value).__name__}"
         )
     key = value.strip().lower()
-    if key == "auto":
-        if not gpu_present():
-            log.debug("hardware='auto': no GPU, so no hardware spec")
-            return None
-        return detect()
+    if key == "auto":  # without importing torch where the driver or NVML can say (perfsdk.gpu_probe)
+        answered, spec = probed()
+        return spec if answered else detect_torch(None, missing_ok=True)
     if key == "calibrate":
         return calibrated_spec()[0]
     return get(value)

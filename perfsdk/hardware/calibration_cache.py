@@ -58,9 +58,10 @@ _FUTURE_SLACK = timedelta(days=1)  # clocks of hosts sharing a home directory di
 
 
 def cache_dir() -> Path:
-    """``$PERFSDK_CACHE_DIR``, else ``~/.cache/perfsdk``."""
-    env = os.environ.get("PERFSDK_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "perfsdk"
+    """``$PERFSDK_CACHE_DIR``, else ``~/.cache/perfsdk`` (read by :func:`perfsdk.config.cache_dir`'s rule)."""
+    from perfsdk.config import cache_dir as configured
+
+    return configured()
 
 
 def cache_path(device_name: str) -> Path:
@@ -72,14 +73,16 @@ def max_age_days(value: float | None = None) -> float:
     """*value*, else ``$PERFSDK_CALIBRATION_MAX_AGE_DAYS``, else 7; a positive finite number of days."""
     field = "max_age_days"
     if value is None:
-        text = os.environ.get(MAX_AGE_ENV)
-        if not text:
+        from perfsdk.config import env, parse_float  # the one rule for every PERFSDK_* variable
+
+        text = env(MAX_AGE_ENV)
+        if text is None:
             return DEFAULT_MAX_AGE_DAYS
         field = f"{MAX_AGE_ENV} (environment)"
         try:
-            value = float(text)
-        except ValueError:
-            raise ConfigError(f"{field}: expected a number of days, got {text!r}") from None
+            value = parse_float(text, 0, 36500, open_low=True, what="a number of days")
+        except ValueError as e:
+            raise ConfigError(f"{field}: {e}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{field}: expected a positive finite number of days, got {value!r}")
     return float(value)

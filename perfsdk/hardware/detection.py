@@ -5,7 +5,9 @@ Used through :mod:`perfsdk.hardware`::
     hw.detect()          # the current CUDA/ROCm device's row, e.g. "NVIDIA H200" -> h200-sxm
     hw.device_info()     # name, memory, driver, clocks, power limit, torch version; never raises
 
-torch is imported only inside the functions that need it.
+torch is imported only inside the functions that need it: :func:`device_info`, and :func:`detect` only when
+:mod:`perfsdk.gpu_probe` cannot name the device (an AMD GPU, a MIG slice, mixed GPU models); ``"auto"`` on a
+host without a GPU is plain Python.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from perfsdk.errors import ConfigError, UnknownHardwareError
 from perfsdk.hardware.datasheets import SPEC_HINT, HardwareSpec, match_device_name
 
-__all__ = ["cpu_name", "cuda_index", "detect", "device_info", "gpu_present", "memory_bytes"]
+__all__ = ["cpu_name", "cuda_index", "detect", "detect_torch", "device_info", "gpu_present", "memory_bytes", "probed"]
 
 log = logging.getLogger(__name__)
 
@@ -38,34 +40,88 @@ def cuda_index(torch: Any, device: int | str | None) -> int:
 
 
 def gpu_present() -> bool:
-    """Whether torch is installed and sees a CUDA/ROCm device."""
-    try:
-        import torch  # optional and heavy
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+    """Whether this process has a GPU, found without importing torch where possible (:func:`probed`)."""
+    answered, spec = probed_or_unknown()
+    if answered:
+        return spec is not None
+    return detect_torch(None, missing_ok=True) is not None
 
 
-def detect(device: int | str | None = None) -> HardwareSpec:
-    """The datasheet row of the current (or given) CUDA/ROCm device.
+def probed() -> tuple[bool, HardwareSpec | None]:
+    """``(answered, spec)``: this process's GPU as found without importing torch (:mod:`perfsdk.gpu_probe`).
 
-    Raises :class:`UnknownHardwareError` when there is no GPU (or no torch) and when the device's
-    name maps to no row; both messages say how to pass a spec instead.
+    ``(True, spec)``: its datasheet row; ``(True, None)``: no GPU; ``(False, None)``: only torch can tell.
+    Raises :class:`UnknownHardwareError` for a GPU that is not in the table.
     """
+    from perfsdk import gpu_probe
+
+    found = gpu_probe.probe()
+    if found.present is False:
+        log.debug("hardware='auto': no GPU (%s)", found.how)
+        return True, None
+    if found.device is None:
+        log.debug("hardware='auto': %s; asking torch", found.how)
+        return False, None
     try:
-        import torch  # optional and heavy; only detection needs it
+        return True, match_device_name(found.device.name, found.device.memory_bytes)
+    except UnknownHardwareError:
+        if found.device.memory_bytes is not None:
+            raise
+        log.debug("hardware='auto': %s needs its memory size to pick a row; asking torch", found.device.name)
+        return False, None
+
+
+def probed_or_unknown() -> tuple[bool, HardwareSpec | None]:
+    """:func:`probed`, with a GPU missing from the table counted as present (``(False, None)``)."""
+    try:
+        return probed()
+    except UnknownHardwareError:
+        return False, None
+
+
+def detect_torch(device: int | str | None, missing_ok: bool) -> HardwareSpec | None:
+    """The device's row through torch; with *missing_ok*, None (not an error) without torch or a GPU."""
+    try:
+        import torch  # optional and heavy; only a device the probe cannot name needs it
     except ImportError:
+        if missing_ok:
+            return None
         raise UnknownHardwareError(
             f"hardware: cannot detect the GPU because torch is not installed; name the part "
             f"(hardware='h100-sxm') or {SPEC_HINT}."
         ) from None
     if not torch.cuda.is_available():
+        if missing_ok:
+            return None
         raise UnknownHardwareError(
             f"hardware: no GPU found (torch {torch.__version__}: torch.cuda.is_available() is False), so "
             f"'auto' has nothing to detect; name the part (hardware='h100-sxm') or {SPEC_HINT}."
         )
     props = torch.cuda.get_device_properties(cuda_index(torch, device))
     return match_device_name(str(props.name), int(props.total_memory))
+
+
+def detect(device: int | str | None = None) -> HardwareSpec:
+    """The datasheet row of the current (or given) CUDA/ROCm device.
+
+    The current device is found without importing torch where NVML, the NVIDIA driver or an already
+    imported torch can say which it is (:mod:`perfsdk.gpu_probe`); torch is imported only for a *device*
+    argument, an AMD GPU, or a device the others cannot tell apart. Raises :class:`UnknownHardwareError`
+    when there is no GPU (or no torch where it is needed) and when the device's name maps to no row; both
+    messages say how to pass a spec instead.
+    """
+    if device is None:
+        answered, spec = probed()
+        if answered and spec is None:
+            raise UnknownHardwareError(
+                f"hardware: no GPU found, so 'auto' has nothing to detect; name the part (hardware='h100-sxm') "
+                f"or {SPEC_HINT}."
+            )
+        if spec is not None:
+            return spec
+    spec = detect_torch(device, missing_ok=False)
+    assert spec is not None
+    return spec
 
 
 def _nvml_info(props: Any, index: int) -> dict[str, Any]:

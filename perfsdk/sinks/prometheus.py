@@ -27,7 +27,6 @@ reads all processes back for ``/metrics``.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from perfsdk.buckets import BUCKETS, DURATION, ITL, QUEUE, STEP, TPOT, TTFT, UTIL
+from perfsdk.config import multiproc_dir
 from perfsdk.errors import ConfigError
 from perfsdk.records import PHASES
 
@@ -312,12 +312,13 @@ def exposition(registry: CollectorRegistry | None) -> tuple[bytes, str]:
 
 
 def multiprocess_registry() -> CollectorRegistry | None:
-    """A registry that aggregates every process's values when ``PROMETHEUS_MULTIPROC_DIR`` is set."""
-    legacy = os.environ.get("prometheus_multiproc_dir")  # noqa: SIM112  (prometheus_client still honours it)
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR") and not legacy:
+    """A registry that aggregates every process's values when ``PROMETHEUS_MULTIPROC_DIR`` is set (checked by
+    :func:`perfsdk.config.multiproc_dir`: a :class:`~perfsdk.errors.ConfigError` naming it if unusable)."""
+    path = multiproc_dir()
+    if path is None:
         return None
     from prometheus_client import multiprocess
 
     reg = CollectorRegistry()
-    multiprocess.MultiProcessCollector(reg)  # type: ignore[no-untyped-call]
+    multiprocess.MultiProcessCollector(reg, path=path)  # type: ignore[no-untyped-call]
     return reg

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
+from perfsdk.config import env
 from perfsdk.engines import _common
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def hardware_of(device: int = 0) -> HardwareSpec | None:
     CUDA context is made), else None (MBU/MFU off, with the Monitor's warning)."""
     from perfsdk import hardware
 
-    named = os.environ.get("PERFSDK_HARDWARE")
+    named = env("PERFSDK_HARDWARE")
     if named:
         return hardware.resolve(named)
     try:
