@@ -138,4 +138,4 @@ def test_serve_shows_progress_per_repetition(capsys: pytest.CaptureFixture[str])
 
 def test_repeat_must_be_a_positive_integer(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*_serve_args("http://127.0.0.1:9"), "--repeat", "0"]) == 2
-    assert "repeat: must be >= 1" in capsys.readouterr().err
+    assert "--repeat: must be within [1, 1000]" in capsys.readouterr().err

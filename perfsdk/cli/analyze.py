@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from perfsdk.profiling.bandwidth import StepCost
 
+from perfsdk.cli._args import finite_float, int_range
+
 __all__ = ["register", "run_analyze"]
 
 # decimal units (kB, MB, GB, TB) and binary ones (KiB, MiB, GiB, TiB; K, M, G, T alone)
@@ -69,7 +71,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     p.add_argument("--plot", metavar="PATH",
                    help="draw one step's GPU timeline with its idle gaps (PNG/SVG/PDF)")
-    p.add_argument("--step", type=int, default=None,
+    p.add_argument("--step", type=int_range(0, 10**9), default=None,
                    help="step index to plot (default: the median-length step)")
     p.add_argument("--step-name", default=None, metavar="REGEX",
                    help="record_function names that mark steps "
@@ -78,22 +80,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--model", help="a known model (see perfsdk floor), e.g. llama-3-8b: prices decode steps "
                                    "(and prefill steps with --prompt-tokens)")
     g.add_argument("--gpu", help="the GPU's datasheet row, e.g. h200-sxm: the peaks")
-    g.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
-    g.add_argument("--context", "--ctx", type=int, default=0, dest="context",
+    g.add_argument("--batch", type=int_range(1, 2**31), default=1, help="sequences per step (default 1)")
+    g.add_argument("--context", "--ctx", type=int_range(0, 2**40), default=0, dest="context",
                    help="context length of each sequence in the decode steps (default 0: weights only)")
-    g.add_argument("--prompt-tokens", type=int, default=None,
+    g.add_argument("--prompt-tokens", type=int_range(1, 2**31), default=None,
                    help="prompt length of each sequence in the prefill steps (without it they are not priced)")
-    g.add_argument("--step-bytes", type=float, default=None,
+    g.add_argument("--step-bytes", type=finite_float(0, 1e18, open_low=True, what="a number of bytes"), default=None,
                    help="bytes each --phase step must read (instead of the model's)")
-    g.add_argument("--step-flops", type=float, default=None,
+    g.add_argument("--step-flops", type=finite_float(0, 1e21, open_low=True, what="a number of FLOPs"), default=None,
                    help="FLOPs each --phase step must do (instead of the model's)")
-    g.add_argument("--bandwidth-tb-s", type=float, default=None, help="peak memory bandwidth, TB/s (overrides --gpu)")
-    g.add_argument("--tflops", type=float, default=None,
+    g.add_argument("--bandwidth-tb-s", type=finite_float(0, 1e3, open_low=True, what="TB/s"), default=None,
+                   help="peak memory bandwidth, TB/s (overrides --gpu)")
+    g.add_argument("--tflops", type=finite_float(0, 1e6, open_low=True, what="TFLOP/s"), default=None,
                    help="dense peak TFLOP/s (overrides --gpu; default its figure for the model's dtype, or bf16)")
     g.add_argument("--phase", choices=("decode", "prefill", "mixed"), default="decode",
                    help="phase of the steps --step-bytes/--step-flops/--unprofiled-ms describe, and of steps that "
                         "are not perfsdk.<phase> ranges (default decode)")
-    g.add_argument("--unprofiled-ms", type=float, default=None,
+    g.add_argument("--unprofiled-ms", type=finite_float(0, 1e7, open_low=True, what="milliseconds"), default=None,
                    help="the --phase step time measured without the profiler: shares are then of it, and the "
                         "profiler's inflation is reported")
     p.add_argument("--max-size", type=parse_size, default=None, metavar="SIZE",

@@ -84,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--api-key", default=None, help="sent as a Bearer token; never saved")
     s.add_argument(
         "--repeat",
-        type=int,
+        type=int_range(1, 1000),
         default=1,
         metavar="N",
         help="send the same load N times and record each (default 1; use 3 for `bench compare`/`regress`)",
