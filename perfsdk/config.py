@@ -31,8 +31,11 @@ setting                        environment                  accepted
 ``poll_interval``              ``PERFSDK_POLL_INTERVAL``    seconds in [0.0001, 10]
 ``export_interval``            ``PERFSDK_EXPORT_INTERVAL``  seconds in [0.001, 60]
 ``strict``                     ``PERFSDK_STRICT``           true/false
-(``serve_metrics`` at start)   ``PERFSDK_METRICS_PORT``     an integer in [0, 65535]
-                               ``PERFSDK_METRICS_ADDR``     an address (default 127.0.0.1)
+(``serve_metrics`` at start)   ``PERFSDK_METRICS_PORT``     an integer in [0, 65535]; plus ``LOCAL_RANK``
+                                                            at most 65535 (:func:`metrics_endpoint`)
+                               ``PERFSDK_METRICS_ADDR``     a loopback address (default 127.0.0.1): the
+                                                            trigger off loopback needs a token, which only
+                                                            ``serve_metrics(token=...)`` takes
 =============================  ===========================  =========================================
 
 Explicit arguments win over the environment; an environment variable set to the empty string counts as
@@ -49,7 +52,7 @@ from typing import Any
 
 from perfsdk.errors import ConfigError
 
-__all__ = ["MonitorConfig", "check_int", "check_number", "env"]
+__all__ = ["MonitorConfig", "check_int", "check_number", "env", "metrics_endpoint"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -228,3 +231,30 @@ class MonitorConfig:
         v, src = get("metrics_port", "PERFSDK_METRICS_PORT")
         out["metrics_port"] = None if v is None else check_int(src, v, 0, 65535)
         return cls(**out)
+
+
+def metrics_endpoint(cfg: MonitorConfig, environ: Mapping[str, str] | None = None) -> tuple[int, str] | None:
+    """``(port, address)`` a Monitor serves at start (``PERFSDK_METRICS_PORT``), or None; checked before
+    anything starts, so that a setting which cannot work fails the constructor with nothing to undo.
+
+    The port is the base plus torchrun's ``LOCAL_RANK`` (every rank of a host its own scrape target; port 0,
+    any free one, stays 0), and must stay within 65535. An address other than loopback is refused: it would
+    expose ``POST /profile``, which then needs a token, and a token is only taken by
+    :meth:`perfsdk.Monitor.serve_metrics` (call it yourself, with ``token=...``).
+    """
+    if cfg.metrics_port is None:
+        return None
+    port = cfg.metrics_port
+    local = env("LOCAL_RANK", environ) or ""
+    if port and local.isdigit():
+        if port + int(local) > 65535:
+            raise ConfigError(f"PERFSDK_METRICS_PORT (environment): {port} plus LOCAL_RANK={local} is port "
+                              f"{port + int(local)}, beyond 65535; choose a base port of at most {65535 - int(local)}")
+        port += int(local)
+    from perfsdk.metrics_server import is_loopback  # only here: the server module is not needed otherwise
+
+    if not is_loopback(cfg.metrics_addr):
+        raise ConfigError(f"PERFSDK_METRICS_ADDR (environment): serving metrics on {cfg.metrics_addr!r} (not "
+                          "loopback) needs a token for POST /profile, which the environment cannot give; bind "
+                          "127.0.0.1, or call mon.serve_metrics(addr=..., token=...) yourself")
+    return port, cfg.metrics_addr

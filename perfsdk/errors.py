@@ -22,6 +22,7 @@ from collections.abc import Iterable
 __all__ = [
     "ConfigError",
     "MissingDependencyError",
+    "MonitorClosedError",
     "PerfsdkError",
     "UnknownHardwareError",
     "UnknownModelError",
@@ -43,6 +44,10 @@ class UnknownHardwareError(ConfigError):
 
 class UnknownModelError(ConfigError):
     """A model name that is not in the table of known models."""
+
+
+class MonitorClosedError(PerfsdkError, RuntimeError):
+    """A call that would start something (a metrics server, a profiler capture) on a closed Monitor."""
 
 
 class MissingDependencyError(PerfsdkError, ImportError):
