@@ -32,6 +32,7 @@ from perfsdk._version import __version__
 from perfsdk.errors import (
     ConfigError,
     MissingDependencyError,
+    MonitorClosedError,
     PerfsdkError,
     UnknownHardwareError,
     UnknownModelError,
@@ -49,6 +50,7 @@ __all__ = [
     "MissingDependencyError",
     "ModelSpec",
     "Monitor",
+    "MonitorClosedError",
     "PerfsdkError",
     "Phase",
     "Request",

@@ -29,6 +29,16 @@ class ErrorGuard:
             log.error("perfsdk internal error in %s: %s (counted in perfsdk_internal_errors_total; logged once "
                       "per site; serving continues)", where, message)
 
+    def count_problem(self, where: str, message: str, n: int = 1) -> None:
+        """Count *n* faults found at *where* with no exception to show (a negative duration), logging once."""
+        self.count += n
+        self.log_once(where, message)
+
+    def reset(self) -> None:
+        """Start over (a forked child: the parent's errors are the parent's to count and log)."""
+        self.count = 0
+        self._logged = set()
+
     def record(self, exc: BaseException, where: str) -> None:
         self.count += 1
         if where not in self._logged:

@@ -105,11 +105,17 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
     rank = detect_rank(cfg.rank)
     rank_label = (str(rank),) if rank is not None else ()
 
-    # ---- sinks ----
+    # ---- sinks (OpenTelemetry first: otel=True without the SDK fails before any registry entry is made) ----
     from perfsdk.sinks.prometheus import PrometheusSink, metric_set
 
     sinks: list[Any] = []
     prom = otel = None
+    if cfg.otel and enabled:
+        from perfsdk.sinks.otel import make_otel_sink
+
+        otel = make_otel_sink(tracer_provider, model_name, epoch_offset_ns, interval=cfg.export_interval)
+        if otel is None and cfg.otel_explicit:
+            raise MissingDependencyError("opentelemetry-api", "OpenTelemetry spans", extra="otel")
     if prometheus:
         multiproc_dir()  # PROMETHEUS_MULTIPROC_DIR: a clear error now, not an OS error on the first metric
         from prometheus_client import REGISTRY
@@ -121,14 +127,9 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
             prom.set_hardware(hardware.name, hardware.memory_bandwidth,
                               {k: float(v) for k, v in hardware.flops.items()})
         sinks.append(prom)
+    if otel is not None:
+        sinks.append(otel)
     if cfg.otel and enabled:
-        from perfsdk.sinks.otel import make_otel_sink
-
-        otel = make_otel_sink(tracer_provider, model_name, epoch_offset_ns, interval=cfg.export_interval)
-        if otel is None and cfg.otel_explicit:
-            raise MissingDependencyError("opentelemetry-api", "OpenTelemetry spans", extra="otel")
-        if otel is not None:
-            sinks.append(otel)
         from perfsdk.sinks.otel_metrics import make_otel_metrics_sink
 
         # inert (nothing built, nothing recorded) until an SDK meter provider is set or given
@@ -204,7 +205,20 @@ class StepMaker:
         self.strict = strict
         self.hot: Any = None
         self.make: Callable[..., Any] = self._none
+        self._on_closed: Callable[[str], None] | None = None  # set by close(): counts each step asked for
         self.bind()
+
+    def close(self, on_call: Callable[[str], None]) -> None:
+        """The Monitor no longer records (closed): every later step is a no-op that calls *on_call(phase)*
+        (which counts it). Bound once, here — the steps themselves check nothing."""
+        self._on_closed = on_call
+        self.make = self._closed
+
+    def _closed(self, phase: str, batch: Any = 1, tokens: Any = None, context_tokens: Any = 0,
+                seq_lens: Any = None) -> Any:
+        assert self._on_closed is not None
+        self._on_closed(phase)
+        return self._none(phase, batch, tokens, context_tokens, seq_lens)
 
     def bind(self) -> None:
         """(Re)bind the hot path to the current state (the constructor; tests that swap a part of it)."""
@@ -220,6 +234,8 @@ class StepMaker:
             self.make = self.hot.step
         else:
             self.hot, self.make = st, self._python
+        if self._on_closed is not None:
+            self.make = self._closed
 
     def _make(self, *args: Any) -> Any:
         return self.make(*args)
@@ -246,6 +262,9 @@ class StepMaker:
 
     def unsized(self, phase: str) -> Any:
         """A step with no sizes: timed and counted, no bytes or FLOPs (so no MBU/MFU), no tokens."""
+        if self._on_closed is not None:
+            self._on_closed(phase)
+            return NoStep(phase)
         if not self.enabled:
             return NoStep(phase)
         if self.hot_path == "c":
@@ -340,16 +359,6 @@ def peak_notes(hardware: Any, compute_dtype: str) -> dict[str, str]:
     except Exception:  # no published peak for this dtype: MFU is off anyway
         pass
     return out
-
-
-def rank_port(port: int) -> int:
-    """``PERFSDK_METRICS_PORT`` for this process: the base port plus ``LOCAL_RANK`` (torchrun's local rank).
-
-    Every rank of a host gets its own /metrics port (one scrape target per rank: a rank that dies shows as
-    a target down), from one setting shared by all ranks. Port 0 (any free port) stays 0.
-    """
-    local = env_int("LOCAL_RANK", 0, MAX_RANK)
-    return port + local if port and local else port
 
 
 def detect_rank(rank: int | str | None) -> int | None:

@@ -9,8 +9,12 @@ GIL for every few hundred steps — and:
 * drains the request queue (:class:`~perfsdk.records.RequestQueue`): a first token is a TTFT; a
   finished request becomes a :class:`~perfsdk.sinks.RequestResult` (queue time, inter-token gaps, TPOT,
   duration, and its span); values an engine measured itself go the same way;
-* hands perfsdk's own losses (records dropped, internal errors) to the sinks as deltas, and logs each
-  new failure site of the core once;
+* hands perfsdk's own losses (records dropped, internal errors, spans dropped by a cap: the core's
+  sample of step spans beyond :data:`~perfsdk.stepcore.SAMPLES` per take, the span thread's full queue)
+  to the sinks as deltas, and logs each new failure site of the core once;
+* never observes a negative duration: a request whose finish reads before its last token or its arrival
+  (a clock that went backwards) has no duration or TPOT observed, and an engine's TTFT beyond its own
+  end-to-end time no TPOT; each is counted in ``perfsdk_internal_errors_total`` and logged once;
 * logs, once per phase and quantity, a step whose MBU or MFU exceeded 1 — impossible, so the peak in use
   (named with its source, ``peaks``) or the step's sizes or time are wrong. The sinks count such steps
   from the totals (the utilisation histograms' ``+Inf`` bucket: :data:`~perfsdk.buckets.UTIL` ends at 1);
@@ -53,6 +57,10 @@ __all__ = ["Collector", "summary"]
 log = logging.getLogger("perfsdk")
 
 IDLE_MAX = 1.0  # longest sleep of an idle collector (s); export_interval is the usual one
+REQUEST_CLOCK = ("a request finished before its last token or its arrival (the clock went backwards): its duration "
+                 "and TPOT are not observed")
+MEASURED_CLOCK = ("record_finished: the first token came after the end (ttft_s, or queue_s + prefill_s, beyond "
+                  "e2e_s): no TPOT is observed")
 _yield = time.sleep  # time.sleep(0) lets go of the GIL and takes it back: a waiting thread gets a turn
 
 
@@ -61,7 +69,8 @@ class Collector(threading.Thread):
 
     def __init__(self, core: Any, requests: RequestQueue, sinks: Sequence[Sink], errors: ErrorGuard, *,
                  model: str, operation: str, epoch_offset_ns: int, export_interval: float,
-                 untimed: Callable[[], int], peaks: dict[str, str] | None = None) -> None:
+                 untimed: Callable[[], int], peaks: dict[str, str] | None = None,
+                 spans_dropped: Callable[[], dict[str, int]] | None = None) -> None:
         super().__init__(name="perfsdk-collector", daemon=True)
         self.core = core
         self.requests = requests
@@ -72,9 +81,12 @@ class Collector(threading.Thread):
         self._offset = epoch_offset_ns
         self._interval = export_interval
         self._untimed = untimed
+        self._spans_dropped = spans_dropped  # reason -> spans dropped so far (None: no span sink)
+        self._exported_spans: dict[str, int] = {}
         self.peaks = peaks or {}  # "mbu"/"mfu" -> the peak in use and its source, for the impossible-value log
         self._suspect_logged: set[tuple[int, str]] = set()
         self.window: Any = None  # the profiler window, fed every decode step while set
+        self.notices: list[str] = []  # warnings to log at the first round that exports anything
         # a plain lock as the wake-up: acquired by this thread, released by wake(); waiting on it with a
         # timeout is one C call (threading.Event builds a Condition and a lock per wait)
         self._wake = threading.Lock()
@@ -87,6 +99,15 @@ class Collector(threading.Thread):
         self.rounds = 0
 
     # ---- thread control -------------------------------------------------------------------------
+    def forked(self) -> Collector:
+        """A collector for a forked child, where this one's thread does not exist (a thread cannot be started
+        twice): the same parts, nothing of this one's progress (the child's losses start at 0 too)."""
+        new = Collector(self.core, self.requests, self.sinks, self.errors, model=self.model,
+                        operation=self.operation, epoch_offset_ns=self._offset, export_interval=self._interval,
+                        untimed=self._untimed, peaks=self.peaks, spans_dropped=self._spans_dropped)
+        new.window = self.window
+        return new
+
     def wake(self) -> None:
         try:
             self._wake.release()
@@ -96,7 +117,8 @@ class Collector(threading.Thread):
     def stop(self, timeout: float | None) -> None:
         self._stop_flag = True
         self.wake()
-        self.join(timeout)
+        if self.ident is not None:  # started (a Monitor whose constructor failed may not have)
+            self.join(timeout)
 
     def run(self) -> None:
         idle = self._interval
@@ -161,6 +183,10 @@ class Collector(threading.Thread):
             self._each("request", r)
             if i & 7 == 7:
                 _yield(0)
+        if busy and self.notices:  # said when it matters: an idle copy of a Monitor (a fork's) stays quiet
+            for notice in self.notices:
+                log.warning("%s", notice)
+            self.notices.clear()
         self._export_health()
         for f in flushes:
             self._flush(f)
@@ -242,17 +268,28 @@ class Collector(threading.Thread):
             self._exported_dropped += max(d, 0)
             self._exported_errors += max(e, 0)
             self._each("health", max(d, 0), max(e, 0))
+        if self._spans_dropped is not None:
+            for reason, total in self._spans_dropped().items():
+                n = total - self._exported_spans.get(reason, 0)
+                if n > 0:
+                    self._exported_spans[reason] = total
+                    self._each("dropped_spans", reason, n)
 
     # ---- requests ----------------------------------------------------------------------------------
     def _finished(self, req: Request) -> RequestResult:
         end = req.finish_ns if req.finish_ns is not None else req.arrival_ns
-        e2e = (end - req.arrival_ns) / 1e9
+        span = (end - req.arrival_ns) / 1e9
         first = req.first_token_ns
         ttft = (first - req.arrival_ns) / 1e9 if first is not None else None
         queue = (req.scheduled_ns - req.arrival_ns) / 1e9 if req.scheduled_ns is not None else None
-        times = req.token_ns
+        times = req.token_ns  # each at or after the one before and the arrival (Request.tokens refuses others)
         gaps = [(times[i] - times[i - 1]) / 1e9 for i in range(1, len(times))]
-        tpot = (e2e - ttft) / (req.output_tokens - 1) if ttft is not None and req.output_tokens > 1 else None
+        tpot = (span - ttft) / (req.output_tokens - 1) if ttft is not None and req.output_tokens > 1 else None
+        e2e: float | None = span
+        if end < (times[-1] if times else req.arrival_ns):
+            # the clock went backwards before finish(): the duration and TPOT would be negative or short
+            e2e = tpot = None
+            self.errors.count_problem("request clock", REQUEST_CLOCK)
         off = self._offset
         return RequestResult(
             operation=req.operation, model=self.model, parent=req._otel_parent, start_ns=req.arrival_ns + off,
@@ -270,6 +307,8 @@ class Collector(threading.Thread):
             ttft = m.queue_s + m.prefill_s
         if tpot is None and ttft is not None and m.output_tokens > 1:
             tpot = (m.e2e_s - ttft) / (m.output_tokens - 1)
+            if tpot < 0:  # the engine's first token after its own end: one of its clocks went backwards
+                self.errors.count_problem("record_finished clock", MEASURED_CLOCK)
         if tpot is not None and (tpot < 0 or m.output_tokens <= 1):
             tpot = None
         off = self._offset

@@ -34,8 +34,11 @@ setting                        environment                  accepted
 ``rank``                       ``PERFSDK_RANK``             ``auto``, ``none`` or an integer in [0, 1048576]:
                                                             the ``rank`` label (``auto``: this process's
                                                             rank when it is one of several)
-(``serve_metrics`` at start)   ``PERFSDK_METRICS_PORT``     an integer in [0, 65535] (plus ``LOCAL_RANK``)
-                               ``PERFSDK_METRICS_ADDR``     an address (default 127.0.0.1)
+(``serve_metrics`` at start)   ``PERFSDK_METRICS_PORT``     an integer in [0, 65535]; plus ``LOCAL_RANK``
+                                                            at most 65535 (:func:`metrics_endpoint`)
+                               ``PERFSDK_METRICS_ADDR``     a loopback address (default 127.0.0.1): the
+                                                            trigger off loopback needs a token, which only
+                                                            ``serve_metrics(token=...)`` takes
 (calibration cache)            ``PERFSDK_CACHE_DIR``        a directory (default ``~/.cache/perfsdk``)
 (vLLM / SGLang hooks)          ``PERFSDK_PROFILER``         ``torch``, ``nsys``, or off (0/false/no/off)
                                ``PERFSDK_PROFILE_DIR``      a directory (default ``./perfsdk-traces``)
@@ -84,6 +87,7 @@ __all__ = [
     "env",
     "env_flag",
     "env_int",
+    "metrics_endpoint",
     "multiproc_dir",
     "parse_flag",
     "parse_float",
@@ -406,3 +410,30 @@ class MonitorConfig:
             v = int(text_rule(src, parse_int, v, 0, 65535)) if is_text else check_int(src, v, 0, 65535)
         out["metrics_port"] = v
         return cls(**out)
+
+
+def metrics_endpoint(cfg: MonitorConfig, environ: Mapping[str, str] | None = None) -> tuple[int, str] | None:
+    """``(port, address)`` a Monitor serves at start (``PERFSDK_METRICS_PORT``), or None; checked before
+    anything starts, so that a setting which cannot work fails the constructor with nothing to undo.
+
+    The port is the base plus torchrun's ``LOCAL_RANK`` (every rank of a host its own scrape target; port 0,
+    any free one, stays 0), and must stay within 65535. An address other than loopback is refused: it would
+    expose ``POST /profile``, which then needs a token, and a token is only taken by
+    :meth:`perfsdk.Monitor.serve_metrics` (call it yourself, with ``token=...``).
+    """
+    if cfg.metrics_port is None:
+        return None
+    port = cfg.metrics_port
+    local = env_int("LOCAL_RANK", 0, MAX_RANK, environ) or 0
+    if port and local:
+        if port + local > 65535:
+            raise ConfigError(f"PERFSDK_METRICS_PORT (environment): {port} plus LOCAL_RANK={local} is port "
+                              f"{port + local}, beyond 65535; choose a base port of at most {65535 - local}")
+        port += local
+    from perfsdk.metrics_server import is_loopback  # only here: the server module is not needed otherwise
+
+    if not is_loopback(cfg.metrics_addr):
+        raise ConfigError(f"PERFSDK_METRICS_ADDR (environment): serving metrics on {cfg.metrics_addr!r} (not "
+                          "loopback) needs a token for POST /profile, which the environment cannot give; bind "
+                          "127.0.0.1, or call mon.serve_metrics(addr=..., token=...) yourself")
+    return port, cfg.metrics_addr

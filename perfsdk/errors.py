@@ -23,6 +23,7 @@ __all__ = [
     "CalibrationError",
     "ConfigError",
     "MissingDependencyError",
+    "MonitorClosedError",
     "PerfsdkError",
     "UnknownHardwareError",
     "UnknownModelError",
@@ -48,6 +49,10 @@ class UnknownModelError(ConfigError):
 
 class CalibrationError(PerfsdkError):
     """A calibration too noisy or implausible to use was asked for as a spec; the message says why."""
+
+
+class MonitorClosedError(PerfsdkError, RuntimeError):
+    """A call that would start something (a metrics server, a profiler capture) on a closed Monitor."""
 
 
 class MissingDependencyError(PerfsdkError, ImportError):

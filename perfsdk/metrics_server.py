@@ -23,6 +23,11 @@ aborted by Prometheus' timeout, a health check that closes early) is counted in
 logger, never printed as a socket traceback. Any other error while handling a
 request is counted in ``srv.errors`` and logged, with its traceback, once as a
 WARNING and at DEBUG after that; a failing ``/metrics`` answers 500.
+
+Lifecycle: :meth:`MetricsServer.close` returns within its *timeout* and is idempotent. In a process
+forked from the one that started the server (``os.fork()``: gunicorn's pre-fork workers) the serving
+thread does not exist: ``close()`` there only closes the child's copy of the listening socket, so the port
+stays the parent's alone (``perfsdk.Monitor`` does that for its server right after the fork).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,7 +60,8 @@ class MetricsHost(Protocol):
 log = logging.getLogger(__name__)
 
 
-def _is_loopback(addr: str) -> bool:
+def is_loopback(addr: str) -> bool:
+    """Whether *addr* binds loopback only (``""`` binds every interface)."""
     if addr in ("localhost", ""):
         return addr == "localhost"
     try:
@@ -64,11 +71,17 @@ def _is_loopback(addr: str) -> bool:
 
 
 class MetricsServer:
+    """``GET /metrics``, ``GET /health`` and ``POST /profile`` for *mon* (see the module docstring).
+
+    The socket is bound at construction (a port in use is a :class:`~perfsdk.errors.ConfigError` then);
+    requests are served from :meth:`start` on (*start* True: at once).
+    """
+
     def __init__(self, mon: MetricsHost, port: int = 9400, addr: str = "127.0.0.1", token: str | None = None, *,
-                 errors: ErrorGuard | None = None, drain_timeout: float = 1.0) -> None:
+                 errors: ErrorGuard | None = None, drain_timeout: float = 1.0, start: bool = True) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port: expected an integer within 0..65535, got {port!r}")
-        if not _is_loopback(addr) and not token:
+        if not is_loopback(addr) and not token:
             raise ConfigError(
                 f"addr: binding the metrics server to {addr!r} (not loopback) needs token=... to protect "
                 "POST /profile; pass a token or bind 127.0.0.1"
@@ -87,8 +100,16 @@ class MetricsServer:
             raise ConfigError(f"port: cannot serve metrics on {addr}:{port}: {e.strerror or e}") from e
         self.addr = addr
         self.port = int(self._httpd.server_address[1])
+        self._pid = os.getpid()
+        self._closed = False
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="perfsdk-metrics", daemon=True)
-        self._thread.start()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Serve requests (on a daemon thread); once."""
+        if not self._closed and not self._thread.is_alive() and self._thread.ident is None:
+            self._thread.start()
 
     @property
     def url(self) -> str:
@@ -105,9 +126,32 @@ class MetricsServer:
         """Requests that failed inside the server for any other reason (logged)."""
         return self._failures
 
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop serving and close the socket, within *timeout* s (None: no limit); False if the serving
+        thread had not stopped by then (it stops, and the socket closes, at its next poll). Idempotent.
+
+        In a forked child (no serving thread there) it closes the child's copy of the socket at once.
+        """
+        if self._closed:
+            return True
+        self._closed = True
+        httpd = self._httpd
+        if self._pid != os.getpid() or not self._thread.is_alive():
+            httpd.server_close()  # never shutdown(): it waits for a serve_forever loop that is not running
+            return True
+
+        def stop() -> None:
+            httpd.shutdown()  # returns within serve_forever's poll interval (0.5 s)
+            httpd.server_close()  # after the loop has left select(): nothing polls a closed socket
+
+        stopper = threading.Thread(target=stop, name="perfsdk-metrics-close", daemon=True)
+        stopper.start()
+        stopper.join(timeout)
+        return not stopper.is_alive()
 
     def _request_failed(self, client: Any, exc: BaseException | None) -> None:
         # ConnectionError covers BrokenPipe, ConnectionReset and ConnectionAborted; TimeoutError a client

@@ -62,6 +62,10 @@ and sees a GPU), MBU/MFU off with one warning saying what to pass. Every setting
 ``PERFSDK_*`` environment variable (explicit arguments win): see :mod:`perfsdk.config`. Under torchrun,
 ``PERFSDK_METRICS_PORT`` serves each rank on that port plus its ``LOCAL_RANK``, so the ranks of one host do
 not collide.
+
+A failed constructor leaves nothing running; calls on a closed Monitor are counted no-ops or raise
+:class:`~perfsdk.errors.MonitorClosedError`; a Monitor keeps working in an ``os.fork()`` child: see
+:mod:`perfsdk.lifecycle`.
 """
 
 from __future__ import annotations
@@ -71,11 +75,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from perfsdk import assembly
+from perfsdk import assembly, lifecycle
 from perfsdk._guard import ErrorGuard
 from perfsdk.assembly import load_native
-from perfsdk.config import MonitorConfig
-from perfsdk.errors import ConfigError
+from perfsdk.config import MonitorConfig, metrics_endpoint
+from perfsdk.errors import ConfigError, MonitorClosedError
 from perfsdk.hotpath import NoStep, Step, host_step
 from perfsdk.model import ModelSpec
 from perfsdk.records import (
@@ -87,6 +91,7 @@ from perfsdk.records import (
     Request,
     check_count,
     finite_seconds,
+    negative_seconds,
     seconds_list,
 )
 
@@ -196,9 +201,12 @@ class Monitor:
         )
         if clock is not None and not callable(clock):
             raise ConfigError(f"clock: expected a () -> int nanoseconds callable, got {clock!r}")
+        # PERFSDK_METRICS_PORT (plus LOCAL_RANK) and PERFSDK_METRICS_ADDR: checked before anything starts
+        endpoint = metrics_endpoint(cfg) if cfg.enabled else None
         self.config = cfg
         self._errors = ErrorGuard()
         self._enabled = cfg.enabled
+        self._life = lifecycle.Recording(cfg.enabled, cfg.service)  # .on: False once closed; calls then count
         self.service = cfg.service
         self.operation = cfg.operation
         self._clock: Callable[[], int] = clock or time.perf_counter_ns
@@ -207,38 +215,43 @@ class Monitor:
         self._server: MetricsServer | None = None
         self._closed = False
         self._collector: Collector | None = None
-        self.model = assembly.resolve_model(cfg.model if model is _UNSET else model)
-        self.model_name = cfg.model_name or (self.model.name if self.model else "") or "unknown"
-        asked = cfg.hardware if hardware is _UNSET else hardware
-        self.hardware = assembly.resolve_hardware(asked)
-        self.compute_dtype = cfg.compute_dtype or assembly.default_compute_dtype(self.model)
+        self._core: Any = None
+        self._pool: Any = None
+        self._sinks: list[Any] = []
+        server = None
+        if endpoint is not None:  # bound now, served once all runs: a port in use fails before any thread starts
+            from perfsdk.metrics_server import MetricsServer
 
+            server = MetricsServer(self, port=endpoint[0], addr=endpoint[1], errors=self._errors, start=False)
+        try:
+            self.model = assembly.resolve_model(cfg.model if model is _UNSET else model)
+            self.model_name = cfg.model_name or (self.model.name if self.model else "") or "unknown"
+            self._hardware_asked = cfg.hardware if hardware is _UNSET else hardware
+            self.hardware = assembly.resolve_hardware(self._hardware_asked)
+            self.compute_dtype = cfg.compute_dtype or assembly.default_compute_dtype(self.model)
+            self._start(cfg, registry, prometheus, tracer_provider, meter_provider, _events, server)
+        except BaseException:
+            lifecycle.abandon(self, server)  # a constructor that fails leaves nothing running
+            raise
+
+    def _start(self, cfg: MonitorConfig, registry: Any, prometheus: bool, tracer_provider: Any, meter_provider: Any,
+               events: Any, server: MetricsServer | None) -> None:
         parts = assembly.assemble(
             cfg, model=self.model, hardware=self.hardware, compute_dtype=self.compute_dtype,
             model_name=self.model_name, registry=registry, prometheus=prometheus, tracer_provider=tracer_provider,
-            clock=self._clock, epoch_offset_ns=self._epoch_offset_ns, errors=self._errors, events=_events,
+            clock=self._clock, epoch_offset_ns=self._epoch_offset_ns, errors=self._errors, events=events,
             meter_provider=meter_provider)
         self.timing, self.cuda_events, self.hot_path = parts.timing, parts.cuda_events, parts.hot_path
         self.nvtx_backend, self.rank, self.registry = parts.nvtx_backend, parts.rank, parts.registry
         self._rank_label, self._prom, self._otel = parts.rank_label, parts.prom, parts.otel
         self._requests, self._core, self._pool = parts.requests, parts.core, parts.pool
         self._hot_state, self._compiling = parts.hot_state, parts.compiling
+        self._sinks = parts.sinks
         self._otel_context = self._otel.capture_context if self._otel is not None else None
         self._steps = assembly.StepMaker(self._hot_state, self.hot_path, self._enabled, self._compiling,
                                          self._errors, cfg.strict)
         if self._enabled:
-            from perfsdk.collector import Collector
-
-            assembly.warn_missing(self.model, self.hardware, asked)
-            self._core.start()
-            self._collector = Collector(
-                self._core, self._requests, parts.sinks, self._errors, model=self.model_name,
-                operation=self.operation, epoch_offset_ns=self._epoch_offset_ns,
-                export_interval=cfg.export_interval, untimed=lambda: self._steps.untimed,
-                peaks=assembly.peak_notes(self.hardware, self.compute_dtype))
-            self._collector.start()
-            if cfg.metrics_port is not None:  # PERFSDK_METRICS_PORT, validated with the other settings
-                self.serve_metrics(port=assembly.rank_port(cfg.metrics_port), addr=cfg.metrics_addr)
+            lifecycle.start(self, cfg, parts.sinks, server)
 
     def _bind_hot(self) -> None:
         """Bind the hot path to the current :class:`~perfsdk.hotpath.HotState` (tests that swap a part of it)."""
@@ -258,7 +271,8 @@ class Monitor:
     def request(self, prompt_tokens: int = 0, *, operation: str | None = None, request_id: str | None = None,
                 arrival_ns: int | None = None) -> Request:
         """A request arrived now (or at *arrival_ns* on this Monitor's clock)."""
-        if not self._enabled:
+        if not self._life.on:
+            self._life.refused("request")
             return NULL_REQUEST
         if type(prompt_tokens) is not int or prompt_tokens < 0:
             try:
@@ -317,7 +331,8 @@ class Monitor:
         (bytes, FLOPs, MBU, MFU) like a step perfsdk timed itself. Sizes as in :meth:`prefill`,
         :meth:`decode` and :meth:`mixed` (for ``"mixed"``: *batch* decoding sequences, *seq_lens* the
         prefill chunks). Host time: an engine's step timer includes what its loop does around the GPU."""
-        if not self._enabled:
+        if not self._life.on:
+            self._life.refused("record_step")
             return
         try:
             if phase not in PHASES:
@@ -341,14 +356,17 @@ class Monitor:
     def record_latencies(self, ttft_s: Sequence[float] = (), itl_s: Sequence[float] = ()) -> None:
         """Times to first token and inter-token gaps (seconds) someone else measured, for the histograms.
 
-        Values that are not finite, non-negative numbers are left out (an engine's missing value)."""
-        if not self._enabled:
+        Values that are not finite numbers (None, NaN, infinities: an engine's missing value) are left out;
+        negative ones (a clock that went backwards) too, counted in ``perfsdk_internal_errors_total``."""
+        if not self._life.on:
+            self._life.refused("record_latencies")
             return
         try:
-            ttft, itl = seconds_list(ttft_s), seconds_list(itl_s)
+            (ttft, neg_ttft), (itl, neg_itl) = seconds_list(ttft_s), seconds_list(itl_s)
         except ConfigError as e:
             self._requests.refuse("record_latencies", str(e))
             return
+        self._requests.went_back("record_latencies", neg_ttft + neg_itl)
         if ttft or itl:
             self._requests.push(MeasuredLatencies(ttft, itl))
 
@@ -361,9 +379,12 @@ class Monitor:
         Observed: request duration (*e2e_s*), queue time, and time per output token (*tpot_s*, or
         ``(e2e - ttft) / (output_tokens - 1)`` when only *ttft_s* is given). TTFT itself is not observed
         here (engines report it as it happens: :meth:`record_latencies`); *ttft_s*, or *queue_s* +
-        *prefill_s*, places the first token in the request's span.
+        *prefill_s*, places the first token in the request's span. A negative *queue_s*, *prefill_s*,
+        *ttft_s* or *tpot_s* (a clock that went backwards) is left out and counted in
+        ``perfsdk_internal_errors_total``, as is a TPOT that would come out negative.
         """
-        if not self._enabled:
+        if not self._life.on:
+            self._life.refused("record_finished")
             return
         try:
             e2e = finite_seconds(e2e_s)
@@ -376,6 +397,7 @@ class Monitor:
         except ConfigError as e:
             self._requests.refuse("record_finished", str(e))
             return
+        self._requests.went_back("record_finished", sum(map(negative_seconds, (queue_s, prefill_s, ttft_s, tpot_s))))
         end = self._clock() if end_ns is None else end_ns
         self._requests.push(MeasuredRequest(end, e2e, finite_seconds(queue_s), finite_seconds(prefill_s),
                                             finite_seconds(ttft_s), finite_seconds(tpot_s), prompt, output,
@@ -387,8 +409,14 @@ class Monitor:
         """Block until everything recorded so far is counted and exported (``False`` on timeout).
 
         ``sinks=False`` (what a scrape does): hand it to the sinks — the Prometheus registry has it then — but
-        do not wait for them to deliver (an OpenTelemetry exporter's network round trip).
+        do not wait for them to deliver (an OpenTelemetry exporter's network round trip). On a closed Monitor
+        there is nothing left to do: whether :meth:`close` exported everything.
         """
+        if self._closed:
+            return self._life.flushed
+        return self._flush(timeout, sinks)
+
+    def _flush(self, timeout: float | None, sinks: bool = True) -> bool:
         c = self._collector
         if c is None or not c.is_alive():
             return not self._enabled
@@ -398,37 +426,11 @@ class Monitor:
         return marker.done.wait(timeout) and all(marker.result)
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Flush, stop the threads and the metrics server, within *timeout* in all. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        deadline = None if timeout is None else time.monotonic() + timeout
-
-        def left() -> float | None:
-            return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-        if self._window is not None:
-            try:
-                self._window.close(left())
-            except Exception as e:
-                self._errors.record(e, "window.close")
-        self.flush(left())
-        if self._collector is not None:
-            self._collector.stop(left())
-            for s in self._collector.sinks:
-                try:
-                    s.close(left())
-                except Exception as e:
-                    self._errors.record(e, f"{type(s).__name__}.close")
-        stopped = self._core.stop(left()) if self._enabled else True
-        if stopped:
-            if self.hot_path == "c" and self._enabled:
-                self._core.close_events()  # nothing in flight any more: destroy the free events
-            elif self._pool is not None:
-                self._pool.close()
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        """Flush, stop the threads and the metrics server, within *timeout* in all. Idempotent. Afterwards a call
+        that records is a counted no-op, one that would start something an error (:mod:`perfsdk.lifecycle`)."""
+        if not self._closed:
+            self._closed = True
+            lifecycle.close(self, timeout)
 
     def __enter__(self) -> Monitor:
         return self
@@ -442,10 +444,13 @@ class Monitor:
 
         *port*: default 9400; 0 picks a free one. Binding anywhere but loopback requires *token* for the
         trigger (``Authorization: Bearer …``). Called again it returns the running server (one per Monitor);
-        asking for another port or address then is a :class:`~perfsdk.errors.ConfigError`.
+        asking for another port or address then is a :class:`~perfsdk.errors.ConfigError`; on a closed Monitor a
+        :class:`~perfsdk.errors.MonitorClosedError`.
         """
         from perfsdk.metrics_server import MetricsServer
 
+        if self._closed:
+            raise MonitorClosedError(f"serve_metrics: {self._life.reason()}; create a new Monitor to serve metrics")
         if self._server is not None:
             if port not in (None, 0, self._server.port) or addr != self._server.addr:
                 raise ConfigError(f"serve_metrics: this Monitor already serves {self._server.url}; "
@@ -472,13 +477,15 @@ class Monitor:
         return exposition(self.registry)
 
     def stats(self) -> dict[str, Any]:
-        """Rolling per-phase statistics (last few thousand steps) and the SDK's health counters."""
+        """Rolling per-phase statistics (last few thousand steps) and the SDK's health counters (``dropped_records``,
+        ``internal_errors``, ``calls_after_close``; ``dropped_spans`` with an OpenTelemetry sink)."""
         if self._collector is not None:
             out = self._collector.stats()
         else:
             out = {"dropped_records": 0, "internal_errors": self._errors.count}
+        out["calls_after_close"] = self._life.late(self._core)
         if self._otel is not None:
-            out["dropped_spans"] = self._otel.dropped
+            out["dropped_spans"] = self._otel.dropped + self._core.dropped_samples
         if self._window is not None:
             out["profiler"] = self._window.status()
         return out
@@ -496,6 +503,8 @@ class Monitor:
         """
         from perfsdk.profiling.window import ProfilerWindow
 
+        if self._closed:
+            raise MonitorClosedError(f"enable_profiler: {self._life.reason()}")
         if self._window is not None and not config:
             return self._window
         if self._window is not None and self._window.state in ("ready", "running", "writing"):
@@ -522,8 +531,10 @@ class Monitor:
         """Ask for one profiler capture of *steps* steady-state steps; returns a handle to wait on.
 
         ``steady=False``: no steady-state gate; the next step entered starts the capture (called at the same
-        step on every rank of a tensor-parallel group, it captures the same steps on each).
+        step on every rank of a tensor-parallel group, it captures the same steps on each). Closed: an error.
         """
+        if self._closed:
+            raise MonitorClosedError(f"profile: {self._life.reason()}; no step would ever start the capture")
         w = self._window if self._window is not None else self.enable_profiler()
         return w.trigger(steps=steps, mode=mode, reason=reason, steady=steady)
 

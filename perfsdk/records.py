@@ -23,7 +23,9 @@ once with the value — unless the Monitor is *strict* (``Monitor(strict=True)``
 
 from __future__ import annotations
 
+import math
 import operator
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -53,6 +55,7 @@ __all__ = [
     "StepRecord",
     "check_count",
     "lens_summary",
+    "negative_seconds",
     "seconds_list",
     "split_evenly",
 ]
@@ -169,15 +172,28 @@ def finite_seconds(value: Any) -> float | None:
     return f if 0 <= f < 1e9 else None
 
 
-def seconds_list(values: Any) -> tuple[float, ...]:
-    """The finite, non-negative values of *values*, as floats (ConfigError if it is not a sequence)."""
+def negative_seconds(value: Any) -> bool:
+    """Whether *value* is a finite number below 0: a duration from a clock that went backwards (counted where
+    it is refused), not an engine's missing value (None, NaN, an infinity: left out silently)."""
+    if isinstance(value, bool) or value is None:
+        return False
+    try:
+        f = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return math.isfinite(f) and f < 0
+
+
+def seconds_list(values: Any) -> tuple[tuple[float, ...], int]:
+    """The finite, non-negative values of *values*, as floats, and how many were negative (ConfigError if
+    it is not a sequence)."""
     if values is None or isinstance(values, (str, bytes)):
         raise ConfigError(f"expected a sequence of seconds, got {values!r}")
     try:
         items = list(values)
     except TypeError:
         raise ConfigError(f"expected a sequence of seconds, got {values!r}") from None
-    return tuple(f for f in map(finite_seconds, items) if f is not None)
+    return tuple(f for f in map(finite_seconds, items) if f is not None), sum(map(negative_seconds, items))
 
 
 # ---- request events ----------------------------------------------------------------------------
@@ -273,6 +289,20 @@ class RequestQueue:
     def __len__(self) -> int:
         return len(self._events)
 
+    def after_fork(self) -> None:
+        """In a forked child: the queued events and flush markers are the parent's (its collector exports
+        them, and the threads waiting on the markers are there), so the child's queue starts empty."""
+        self._events = deque()
+        self.markers = []
+        self.dropped = 0
+
+    def went_back(self, where: str, n: int) -> None:
+        """*n* negative times (a clock that went backwards, the serving code's or an engine's): left out, counted
+        in ``perfsdk_internal_errors_total`` and logged once — never raised, strict or not."""
+        if n:
+            self.errors.count_problem(f"{where} clock", "negative times (a clock that went backwards) are not "
+                                      "observed", n)
+
     def refuse(self, where: str, problem: str) -> None:
         """A bad value from the serving code: raise when strict, else count and log once (never raise)."""
         if self.strict:
@@ -281,6 +311,16 @@ class RequestQueue:
 
 
 _FINISH_LOCK = threading.Lock()  # finish() is once per request; a lock per request would cost more than one
+
+
+def _new_finish_lock() -> None:
+    # in a forked child another thread of the parent may have held it at the fork, and is not there to let go
+    global _FINISH_LOCK
+    _FINISH_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_finish_lock)
 
 
 def _time_arg(q: RequestQueue, where: str, t_ns: Any) -> int | None:
@@ -322,11 +362,19 @@ class Request:
         self._otel_parent = otel_parent
 
     def scheduled(self, t_ns: int | None = None) -> None:
-        """The request left the waiting queue (its queue time ends, prefill may start)."""
+        """The request left the waiting queue (its queue time ends, prefill may start).
+
+        A time before the request's arrival (a *t_ns*, or a clock that went backwards) is refused and counted:
+        no queue time is observed for it.
+        """
         if self.scheduled_ns is None:
             t = _time_arg(self._q, "request.scheduled", t_ns)
-            if t is not None:
-                self.scheduled_ns = max(t, self.arrival_ns)
+            if t is None:
+                return
+            if t < self.arrival_ns:
+                self._q.refuse("request.scheduled", f"time {t} is before the request's arrival ({self.arrival_ns})")
+                return
+            self.scheduled_ns = t
 
     def tokens(self, n: int = 1, t_ns: int | None = None) -> None:
         """*n* tokens were emitted now: the first call sets TTFT, each later one is an inter-token gap."""
@@ -355,14 +403,20 @@ class Request:
                t_ns: int | None = None) -> None:
         """Record the end (``"stop"``, ``"length"``, ``"abort"``, …, or an error); later calls are ignored.
 
-        A *t_ns* before the request's arrival is refused (counted, the request finishes now instead).
+        A *t_ns* before the request's arrival or its last token is refused (counted, the request finishes now
+        instead). A clock that went backwards past either makes no negative duration either: the collector
+        observes neither the request's duration nor its TPOT then, and counts it.
         """
         q = self._q
         t = _time_arg(q, "request.finish", t_ns)
-        if t is None or t < self.arrival_ns:
-            if t is not None:
-                q.refuse("request.finish", f"t_ns {t_ns} is before the request's arrival ({self.arrival_ns})")
-            t = max(q.clock(), self.arrival_ns)
+        if t is not None and t_ns is not None:
+            last = self.token_ns[-1] if self.token_ns else self.arrival_ns
+            if t < last:
+                q.refuse("request.finish", f"t_ns {t_ns} is before the request's arrival ({self.arrival_ns}) "
+                         f"or its last token ({last})")
+                t = None
+        if t is None:
+            t = q.clock()
         with _FINISH_LOCK:
             if self.finish_ns is not None:
                 return

@@ -16,9 +16,18 @@ What the core does, per :class:`~perfsdk.records.StepRecord`, in order:
   (:mod:`perfsdk.buckets`), bytes, FLOPs and tokens — counters only for timed steps' bytes and FLOPs,
   so bytes over step seconds stays exact in PromQL;
 * keeps the last :data:`WINDOW` steps per phase for :meth:`perfsdk.Monitor.stats`, a deterministic
-  sample of steps for spans (``step_span_rate``), while a profiler window listens every decode step's
-  time, batch and MBU, and while an OpenTelemetry metrics sink listens (``feed_values``) every timed
-  step's phase, time, MBU and MFU (up to :data:`VALUES` per take; beyond, counted).
+  sample of steps for spans (``step_span_rate``: at most :data:`SAMPLES` between two takes, the rest
+  counted in ``dropped_samples``), while a profiler window listens every decode step's time, batch and
+  MBU, and while an OpenTelemetry metrics sink listens (``feed_values``) every timed step's phase, time,
+  MBU and MFU (up to :data:`VALUES` per take; beyond, counted).
+
+A duration that comes out negative — a host clock that went backwards (``t1 < t0``), a device time read
+as negative — is never observed: the step counts as a step, untimed, and the fault is counted in
+``errors`` (``perfsdk_internal_errors_total``) with its site, logged once by the collector.
+
+After ``os.fork()`` the core's thread does not exist in the child: :meth:`PyStepCore.after_fork` (the C
+core's ``after_fork``) makes the child's core new — its own locks, nothing of the parent's queued or
+counted steps (the parent counts those) — and the Monitor starts it again.
 
 The collector thread calls :meth:`take` every export interval and hands the totals to the sinks;
 :meth:`sync` waits (GIL released) until every step pushed before the call is counted. Nothing here
@@ -45,6 +54,9 @@ WINDOW_FEED = 8192  # decode steps kept for a profiler window between two takes
 VALUES = 16384  # timed steps' values kept between two takes for an OpenTelemetry metrics sink (feed_values)
 SAMPLES = 4096  # sampled steps kept between two takes (for spans)
 IDLE_MAX = 0.1  # longest sleep of an idle core (s); poll_interval is the shortest
+# what the collector logs (once) for a negative duration; the C core's text is the same
+CLOCK_BACKWARDS = "a step's host clock went backwards (it ended before it began): its time is not observed"
+ELAPSED_NEGATIVE = "a step's device time read negative: its time is not observed"
 
 
 class StepSample(NamedTuple):
@@ -144,7 +156,8 @@ class PyStepCore:
         self.pushed = 0  # records accepted (serving threads, under the GIL)
         self.done = 0  # records fully counted (this core's thread)
         self.dropped = 0  # records refused because the queue was full (serving threads)
-        self.errors = 0  # CUDA errors reading events
+        self.errors = 0  # CUDA errors reading events, and negative durations refused
+        self.dropped_samples = 0  # sampled steps beyond SAMPLES between two takes: spans never built
         self.error_sites: deque[tuple[str, str]] = deque()  # (site, message), for the collector to log
         self._paused = False
         self._stop = False
@@ -222,7 +235,13 @@ class PyStepCore:
                 self._pending.append(rec)
                 self._resolve(block=False)
             else:
-                self._count(rec, None if rec.timing != HOST else (rec.t1 - rec.t0) / 1e9)
+                seconds = None
+                if rec.timing == HOST:
+                    if rec.t1 >= rec.t0:
+                        seconds = (rec.t1 - rec.t0) / 1e9
+                    else:
+                        self._problem("core clock", CLOCK_BACKWARDS)
+                self._count(rec, seconds)
                 if rec.timing == TIMED:  # a user error inside a timed step: its events are not read
                     self._let_go(rec)
                 self._finish_one()
@@ -245,6 +264,9 @@ class PyStepCore:
                         continue  # re-check the oldest
                     self._wait(rec.end)
                 seconds = api.elapsed_s(rec.start, rec.end)
+                if seconds < 0:
+                    self._problem("core event", ELAPSED_NEGATIVE)
+                    seconds = None
             except Exception as e:
                 # a CUDA error (sticky after a fault, say): count it and keep the step as counted but untimed
                 self._error("core event", e)
@@ -295,10 +317,13 @@ class PyStepCore:
             self._done_cond.notify_all()
 
     def _error(self, site: str, e: BaseException) -> None:
+        self._problem(site, f"{type(e).__name__}: {e}")
+
+    def _problem(self, site: str, message: str) -> None:
         with self._lock:
             self.errors += 1
             if len(self.error_sites) < 64:
-                self.error_sites.append((site, f"{type(e).__name__}: {e}"))
+                self.error_sites.append((site, message))
 
     # ---- counting (the C core does exactly this, in this order) -----------------------------------------
     def _count(self, rec: StepRecord, seconds: float | None) -> None:
@@ -363,6 +388,8 @@ class PyStepCore:
     def _add_sample(self, s: StepSample) -> None:
         if len(self._totals.samples) < SAMPLES:
             self._totals.samples.append(s)
+        else:
+            self.dropped_samples += 1
 
     # ---- the collector's side ---------------------------------------------------------------------
     def take(self) -> StepTotals:
@@ -397,6 +424,26 @@ class PyStepCore:
             out = list(self.error_sites)
             self.error_sites.clear()
         return out
+
+    def after_fork(self, drop_events: bool) -> None:
+        """In a forked child, before anything else uses the core: a new core in place (see the module
+        docstring). *drop_events*: the parent timed with CUDA events, which this process cannot use — the
+        pool and event API go (nothing destroyed: the handles are the parent's) and steps come host-timed."""
+        self._lock = threading.Lock()  # the parent's core thread may have held it: it does not exist here
+        self._done_cond = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._records = deque()
+        self._pending = deque()
+        self._totals = new_totals()
+        self._recent = [_Recent(), _Recent(), _Recent()]
+        self._sampled = 0
+        self.pushed = self.done = self.dropped = self.errors = self.dropped_samples = 0
+        self.error_sites = deque()
+        self._stop = False
+        self._thread = None
+        if drop_events:
+            self._pool = self._api = None
+            self._poll_wait = False
 
     @property
     def waiting(self) -> int:

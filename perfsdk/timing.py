@@ -24,6 +24,13 @@ once per Monitor by :func:`event_api`: raw driver handles through ``libcuda``
 Code inside CUDA-graph capture or a torch.compile trace runs once, at capture
 time; :func:`capture_check` returns a predicate that is true there, so the
 wrappers become no-ops.
+
+After ``os.fork()`` a child cannot use its parent's CUDA context (NVIDIA: a
+process forked after CUDA was initialised must not call CUDA), so it cannot
+do GPU work either: a Monitor that timed with CUDA events times the child's
+steps with the host clock — honest there, where every step is host work — and
+says so once in the log (:meth:`EventPool.abandon` lets the parent's events go
+without a CUDA call).
 """
 
 from __future__ import annotations
@@ -302,6 +309,13 @@ class EventPool:
             except Exception:
                 pass
         self.api.close()
+
+    def abandon(self) -> None:
+        """In a forked child: hand out no more events and destroy none (they are the parent's, and this process
+        may not call CUDA); a new lock, since a thread of the parent may have held the old one at the fork."""
+        self._lock = threading.Lock()
+        self.capacity = 0
+        self._free.clear()
 
     @property
     def in_use(self) -> int:

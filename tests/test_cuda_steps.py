@@ -511,3 +511,19 @@ def test_without_a_way_to_make_the_context_current_the_step_is_lost_and_counted(
         _steps_on_a_new_thread(h, gpu, clock, 2)
         assert h.count(STEP, phase="decode") == 0
         assert h.monitor.stats()["internal_errors"] == 2
+
+
+def test_a_negative_device_time_is_counted_and_never_observed() -> None:
+    """A device time that reads negative (events recorded out of order on the GPU's clock): the step counts,
+    untimed; the fault is counted in perfsdk_internal_errors_total (issue 20, item 12)."""
+    clock = FakeClock()
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock, strict=False) as h:
+        gpu = FakeGpu()
+        wire(h, gpu)
+        steps(h, gpu, clock, [2.0, -1.5, 3.0], host_gap_s=0.001)  # the second step's end reads before its start
+        assert h.monitor.flush(10)
+        assert h.count(STEP, phase="decode") == 2
+        assert h.sum(STEP, phase="decode") == pytest.approx(0.005)
+        assert h.monitor.stats()["decode"]["steps"] == 3
+        assert h.value("perfsdk_internal_errors_total") == 1
+        assert Pool(h.monitor).in_use <= 1  # its events went back all the same (the thread holds its last end)

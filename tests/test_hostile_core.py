@@ -213,6 +213,100 @@ def test_a_slow_span_exporter_never_holds_back_metrics() -> None:
     provider.shutdown()
 
 
+# ---- issue 20, item 9: a span dropped by any cap is counted, in stats() and in Prometheus ------------------
+DROPPED_SPANS = "perfsdk_dropped_spans_total"
+
+
+def test_step_spans_beyond_the_per_interval_cap_are_counted() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    with lenient(step_span_rate=1.0, export_interval=60) as h:
+        for _ in range(5000):  # one export interval: at most 4,096 sampled steps become spans
+            h.monitor.record_step("decode", 0.001, batch=1)
+        built = len([s for s in h.spans() if s.name == "decode step"])
+        dropped = h.monitor.stats()["dropped_spans"]
+        assert built + dropped == 5000
+        assert dropped > 0
+        assert h.value(DROPPED_SPANS, reason="sample_cap") == dropped
+
+
+def test_spans_a_full_span_queue_drops_are_exported_with_their_reason() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    slow = SlowExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(slow))  # type: ignore[arg-type]
+    reg = CollectorRegistry()
+    mon = perfsdk.Monitor(registry=reg, tracer_provider=provider, timing="host", nvtx=False, model_name="m",
+                          step_span_rate=1.0, export_interval=60)
+    try:
+        for _ in range(3):  # 3 x 4,096 spans handed to a span thread stuck on its first: its queue holds 8,192
+            for _ in range(4096):
+                mon.record_step("decode", 0.001)
+            assert mon.flush(30, sinks=False)
+        queue_full = reg.get_sample_value(DROPPED_SPANS, {"reason": "queue_full"})
+        assert queue_full is not None and queue_full > 0
+        assert mon.stats()["dropped_spans"] == queue_full  # nothing else dropped any
+    finally:
+        slow.release.set()
+        mon.close(timeout=5)
+        provider.shutdown()
+
+
+# ---- issue 20, item 12: a negative duration from any clock is dropped and counted, never observed ----------
+def test_a_step_whose_clock_goes_backwards_is_counted_untimed_never_observed() -> None:
+    clock = FakeClock()
+    with lenient(clock=clock) as h:
+        mon = h.monitor
+        with mon.decode(batch=2, context_tokens=10):
+            clock.advance(-1.0)  # the host clock went back a second inside the step
+        with mon.decode(batch=2, context_tokens=10):
+            clock.advance(0.002)
+        assert h.count(STEP, phase="decode") == 1
+        assert h.sum(STEP, phase="decode") == pytest.approx(0.002)
+        assert h.value(TOKENS, phase="decode") == 4  # both steps count as steps
+        assert mon.stats()["decode"]["steps"] == 2
+        assert h.value(ERRORS) == 1
+
+
+def test_request_durations_from_a_clock_that_goes_backwards_are_never_observed() -> None:
+    clock = FakeClock()
+    with lenient(clock=clock) as h:
+        mon = h.monitor
+        req = mon.request(prompt_tokens=4)
+        clock.advance(0.1)
+        req.tokens(1)  # TTFT 0.1
+        clock.advance(0.2)
+        req.tokens(1)  # ITL 0.2
+        clock.advance(-0.25)
+        req.finish()  # before its last token: e2e 0.05 < TTFT, a TPOT of -0.05
+        late = mon.request(prompt_tokens=1)
+        clock.advance(-1.0)
+        late.scheduled()  # before its arrival: no queue time
+        late.finish()  # before its arrival: no duration
+        tpot = "gen_ai_server_time_per_output_token_seconds"
+        assert h.count(tpot) == 0
+        assert h.count(E2E) == 0
+        assert h.count("perfsdk_request_queue_seconds") == 0
+        assert h.count("gen_ai_server_time_to_first_token_seconds") == 1  # what did not go backwards still counts
+        assert h.sum("perfsdk_inter_token_latency_seconds") == pytest.approx(0.2)
+        assert h.value(ERRORS) == 3  # the first finish, the scheduled(), the second finish
+
+
+def test_negative_times_an_engine_reports_are_counted_never_observed() -> None:
+    with lenient() as h:
+        mon = h.monitor
+        mon.record_latencies(ttft_s=[-0.1, 0.1], itl_s=[-0.2])
+        mon.record_finished(e2e_s=1.0, queue_s=-0.5, ttft_s=0.2, output_tokens=5)
+        mon.record_finished(e2e_s=1.0, ttft_s=2.0, output_tokens=5)  # a TPOT of -0.25
+        assert h.count("gen_ai_server_time_to_first_token_seconds") == 1
+        assert h.count("perfsdk_inter_token_latency_seconds") == 0
+        assert h.count("perfsdk_request_queue_seconds") == 0
+        assert h.count("gen_ai_server_time_per_output_token_seconds") == 1  # the first request's, 0.2 s
+        assert h.value(ERRORS) == 4
+
+
 # ---- the property: arbitrary values through both hot paths ------------------------------------------------
 VALUES = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70), st.integers(min_value=0, max_value=10_000),

@@ -20,7 +20,7 @@ from perfsdk.hardware import HardwareSpec
 from perfsdk.model import ModelSpec
 from perfsdk.monitor import load_native
 from perfsdk.records import DECODE, HOST, MIXED, PREFILL, UNSIZED, UNTIMED, StepRecord, lens_summary
-from perfsdk.stepcore import PyStepCore, StepTotals, native_core
+from perfsdk.stepcore import CLOCK_BACKWARDS, SAMPLES, PyStepCore, StepTotals, native_core
 from perfsdk.stepcost import StepCosts
 
 native = load_native()
@@ -111,6 +111,26 @@ def test_the_value_feed_keeps_every_timed_step_and_counts_what_it_cannot() -> No
     assert len(totals.values) == VALUES and totals.values_dropped == 7
     phase, seconds, mbu, mfu = totals.values[0]
     assert (phase, seconds, mfu) == (DECODE, 0.001, None) and mbu is not None and mbu > 0
+
+
+@needs_c
+def test_both_cores_count_negative_times_and_spans_beyond_the_cap_alike() -> None:
+    """Issue 20, items 9 and 12: a host clock that went backwards is never observed, and sampled steps beyond
+    SAMPLES per take are counted (dropped_samples) — in both cores, identically."""
+    records = random_records(random.Random(5), 6000)
+    records = [r._replace(t1=r.t0 - 1000) if i % 7 == 0 and r.timing == HOST else r for i, r in enumerate(records)]
+    out = []
+    for core in (py_core(costs(), span_rate=1.0), c_core(costs(), span_rate=1.0)):
+        totals, recent = run(core, records)
+        out.append((totals, recent, core.errors, core.dropped_samples, core.take_errors()))
+    assert out[0] == out[1]
+    totals, recent, errors, dropped, sites = out[0]
+    assert errors == sum(r.t1 < r.t0 for r in records) > 0
+    assert sites[0] == ("core clock", CLOCK_BACKWARDS)
+    assert len(totals.samples) == SAMPLES and dropped == len(records) - SAMPLES
+    assert sum(p.steps for p in totals.phases) == len(records)  # every step counted, the backwards ones untimed
+    assert all(v >= 0 for _, _, secs, _, _ in recent for v in secs)
+    assert all(s.seconds is None or s.seconds >= 0 for s in totals.samples)
 
 
 def test_costs_are_the_budget_formulas() -> None:

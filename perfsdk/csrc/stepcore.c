@@ -114,7 +114,8 @@ struct StepCore {
     Value values[VALUES]; /* timed steps since the last take, while feed_values */
     int nvalues;
     int64_t values_dropped; /* ... beyond VALUES */
-    int64_t errors;       /* CUDA errors reading events */
+    int64_t errors;       /* CUDA errors reading events, and negative durations refused */
+    int64_t dropped_samples; /* sampled steps beyond SAMPLES between two takes: spans never built */
     Site sites[MAX_SITES];
     int nsites;
     /* exception type names of failed steps (GIL) */
@@ -231,6 +232,22 @@ static void add_site(StepCore *c, const char *site, const char *what, int code) 
     }
 }
 
+/* A negative duration (perfsdk.stepcore's CLOCK_BACKWARDS, ELAPSED_NEGATIVE: the same text). */
+static const char CLOCK_BACKWARDS[] =
+    "a step's host clock went backwards (it ended before it began): its time is not observed";
+static const char ELAPSED_NEGATIVE[] = "a step's device time read negative: its time is not observed";
+
+static void core_problem(StepCore *c, const char *site, const char *message) {
+    pthread_mutex_lock(&c->lock);
+    c->errors++;
+    if (c->nsites < MAX_SITES) {
+        Site *s = &c->sites[c->nsites++];
+        s->site = site;
+        snprintf(s->message, sizeof(s->message), "%s", message);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
 static int bucket(const double *bounds, int n, double v) {
     for (int i = 0; i < n; i++)
         if (v <= bounds[i]) return i;
@@ -245,7 +262,10 @@ static int sample_now(StepCore *c) {
 }
 
 static void add_sample(StepCore *c, const StepRecord *r, double seconds, int64_t tokens, double mbu, double mfu) {
-    if (c->nsamples >= SAMPLES) return;
+    if (c->nsamples >= SAMPLES) {
+        c->dropped_samples++;
+        return;
+    }
     Sample *s = &c->samples[c->nsamples++];
     s->phase = r->phase;
     s->error = r->error;
@@ -434,6 +454,7 @@ static void resolve(StepCore *c, int block) {
             float ms = 0;
             int e = c->elapsed(&ms, ev(c, r->start), ev(c, r->end));
             if (e) core_error(c, "core event", "cuEventElapsedTime", e);
+            else if (ms < 0) core_problem(c, "core event", ELAPSED_NEGATIVE);
             else seconds = (double)ms / 1e3;
         }
         StepRecord rec = *r;
@@ -460,7 +481,12 @@ static void drain(StepCore *c) {
             c->pending_len++;
             resolve(c, 0);
         } else {
-            count_step(c, &r, r.timing == TIMING_HOST ? (double)(r.t1 - r.t0) / 1e9 : NAN);
+            double seconds = NAN;
+            if (r.timing == TIMING_HOST) {
+                if (r.t1 >= r.t0) seconds = (double)(r.t1 - r.t0) / 1e9;
+                else core_problem(c, "core clock", CLOCK_BACKWARDS);
+            }
+            count_step(c, &r, seconds);
             if (r.timing == TIMING_TIMED) let_go(c, &r);  /* a user error inside a timed step: not read */
             finish_one(c);
         }
@@ -1024,6 +1050,52 @@ static PyObject *core_close_events(StepCore *c, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
+/* after_fork(drop_events): in a forked child, before anything else uses the core (perfsdk.stepcore's
+   PyStepCore.after_fork, the same reset). Only the calling thread exists there: the core's thread is gone,
+   and whatever it held at the fork — its mutexes, a half-counted step — is the parent's. The mutexes and
+   condition variables are initialised anew (the parent's may be locked by a thread that does not exist
+   here), the ring and the pending steps emptied (the parent counts them), every total and counter zeroed.
+   drop_events: the parent timed with CUDA events, which a forked child cannot use: the pool hands out no
+   more (nothing is destroyed: the handles are the parent's) and no driver function is called again. */
+static PyObject *core_after_fork(StepCore *c, PyObject *arg) {
+    int drop = PyObject_IsTrue(arg);
+    if (drop < 0) return NULL;
+    if (pthread_mutex_init(&c->lock, NULL) || pthread_cond_init(&c->done_cond, NULL) ||
+        pthread_mutex_init(&c->wake_lock, NULL) || pthread_cond_init(&c->wake_cond, NULL) ||
+        pthread_mutex_init(&c->pool.lock, NULL)) {
+        PyErr_SetString(PyExc_OSError, "StepCore.after_fork: pthread init failed");
+        return NULL;
+    }
+    c->wake_flag = 0;
+    c->started = 0;
+    atomic_store(&c->running, 0);
+    atomic_store(&c->stop, 0);
+    atomic_store(&c->ring.head, 0);
+    atomic_store(&c->ring.tail, 0);
+    c->pending_head = c->pending_len = 0;
+    c->dropped = 0;
+    atomic_store(&c->done, 0);
+    memset(c->totals, 0, sizeof(c->totals));
+    memset(c->recent, 0, sizeof(c->recent));
+    c->nsamples = 0;
+    c->sampled = 0;
+    c->nfeed = 0;
+    c->nvalues = 0;
+    c->values_dropped = 0;
+    c->errors = 0;
+    c->dropped_samples = 0;
+    c->nsites = 0;
+    if (drop) {
+        c->pool.cap = c->pool.nfree = 0;  /* acquire() finds none; a late unref() of a parent's slot is ignored */
+        c->query = c->synchronize = NULL;
+        c->elapsed = NULL;
+        c->ctx_set = NULL;
+        c->context = NULL;
+        c->exchange_mode = NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *get_int64(int64_t v) { return PyLong_FromLongLong(v); }
 
 static PyObject *core_get_pushed(StepCore *c, void *_) { return get_int64((int64_t)atomic_load(&c->ring.head)); }
@@ -1038,6 +1110,12 @@ static PyObject *core_get_errors(StepCore *c, void *_) {
     int64_t e = c->errors;
     pthread_mutex_unlock(&c->lock);
     return get_int64(e);
+}
+static PyObject *core_get_dropped_samples(StepCore *c, void *_) {
+    pthread_mutex_lock(&c->lock);
+    int64_t n = c->dropped_samples;
+    pthread_mutex_unlock(&c->lock);
+    return get_int64(n);
 }
 static PyObject *core_get_events_in_use(StepCore *c, void *_) {
     pthread_mutex_lock(&c->pool.lock);
@@ -1082,6 +1160,8 @@ static PyMethodDef core_methods[] = {
     {"push", (PyCFunction)core_push_py, METH_O, "push(StepRecord) -> bool: queue a step with no events."},
     {"close_events", (PyCFunction)core_close_events, METH_NOARGS, "Destroy the free events (after stop)."},
     {"reserve", (PyCFunction)core_reserve, METH_O, "reserve(n): make events until n are free (benchmarks)."},
+    {"after_fork", (PyCFunction)core_after_fork, METH_O,
+     "after_fork(drop_events): a new core in place, in a forked child (its thread is not there)."},
     {NULL}};
 
 static PyGetSetDef core_getset[] = {
@@ -1090,7 +1170,9 @@ static PyGetSetDef core_getset[] = {
     {"dropped", (getter)core_get_dropped, NULL, "records refused: the queue was full", NULL},
     {"capacity", (getter)core_get_capacity, NULL, "records that may wait", NULL},
     {"waiting", (getter)core_get_waiting, NULL, "records pushed and not yet counted", NULL},
-    {"errors", (getter)core_get_errors, NULL, "CUDA errors reading events", NULL},
+    {"errors", (getter)core_get_errors, NULL, "CUDA errors reading events, and negative durations refused", NULL},
+    {"dropped_samples", (getter)core_get_dropped_samples, NULL,
+     "sampled steps beyond the cap between two takes (spans never built)", NULL},
     {"events_in_use", (getter)core_get_events_in_use, NULL, "events held by a step or a thread", NULL},
     {"events_free", (getter)core_get_events_free, NULL, "events on the free stack", NULL},
     {"events_created", (getter)core_get_events_created, NULL, "events made so far", NULL},

@@ -156,7 +156,7 @@ def process_monitor(engine: str, model: ModelSpec | None, name: str | None, hard
                     *, port_offset: int, rank: int | None = None, profiler: bool = True) -> Monitor:
     """This process's Monitor for *engine*'s *model* at *rank*, made on first use, then shared.
 
-    Per process (a Monitor's collector thread does not survive a fork: a forked child makes its own).
+    Per process (a forked child makes its own, for its rank and port; the one it inherited keeps working there, idle).
     ``PERFSDK_METRICS_PORT=P`` serves it on ``P + port_offset + rank``; ``PERFSDK_PROFILER=torch|nsys``
     enables its profiler window (``SIGUSR2`` on the main thread, traces under ``PERFSDK_PROFILE_DIR``).
     Says once in the log where the numbers go, or that they go nowhere.

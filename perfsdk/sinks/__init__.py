@@ -9,6 +9,7 @@ sink owns its backend's details and knows nothing of the others (the shape of vL
         def latencies(self, ttft_s, itl_s) -> None           # first-token times and inter-token gaps
         def request(self, result: RequestResult) -> None     # one finished request
         def health(self, dropped: int, errors: int) -> None  # perfsdk's own losses since the last call
+        def dropped_spans(self, reason: str, n: int) -> None  # spans dropped by a cap since the last call
         def flush(self, timeout: float | None) -> bool       # everything handed over is out
         def close(self, timeout: float | None) -> None
 
@@ -47,7 +48,7 @@ class RequestResult:
     finish_reason: str
     error: str | None
     request_id: str | None
-    e2e_s: float
+    e2e_s: float | None  # None: not observed (the clock went backwards before finish)
     ttft_s: float | None
     queue_s: float | None
     tpot_s: float | None
@@ -64,6 +65,8 @@ class Sink(Protocol):
     def request(self, result: RequestResult) -> None: ...
 
     def health(self, dropped: int, errors: int) -> None: ...
+
+    def dropped_spans(self, reason: str, n: int) -> None: ...
 
     def flush(self, timeout: float | None) -> bool: ...
 

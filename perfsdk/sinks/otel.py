@@ -8,7 +8,12 @@ the hot path changes nothing about what they say.
 Spans are built on the sink's own thread (``perfsdk-spans``) from a bounded queue: a span processor
 that exports synchronously and slowly (a ``SimpleSpanProcessor`` in front of a slow backend) holds
 back only spans, never metrics; when the queue is full new spans are dropped and counted
-(``stats()["dropped_spans"]``). :meth:`OtelSink.flush` and :meth:`OtelSink.close` honour their timeout.
+(``stats()["dropped_spans"]``, ``perfsdk_dropped_spans_total{reason="queue_full"}``).
+:meth:`OtelSink.flush` and :meth:`OtelSink.close` honour their timeout.
+
+Fork: a span is built holding :attr:`OtelSink.building` (a lock a fork waits for, so the span thread holds
+none of the exporter's locks when the child is made); in the child, :meth:`OtelSink.after_fork` drops the
+parent's queued spans (the parent builds them) and the thread starts again with the next span.
 
 perfsdk uses the global tracer provider unless one is passed. With no SDK configured the global
 provider is a proxy that hands out no-op tracers; the sink notices and builds nothing at all (no
@@ -71,6 +76,7 @@ class OtelSink:
         self._capacity = queue_size
         self._interval = interval  # the span thread builds what is queued this often (or when half full)
         self._cond = threading.Condition()
+        self.building = threading.Lock()  # held while one span is built (see the module docstring)
         self._busy = 0  # jobs taken off the queue and not yet built
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -111,6 +117,26 @@ class OtelSink:
     def health(self, dropped: int, errors: int) -> None:
         return None
 
+    def dropped_spans(self, reason: str, n: int) -> None:
+        return None
+
+    def after_fork(self, usable: bool = True) -> None:
+        """In a forked child: new locks, none of the parent's queued spans, the thread started anew on demand.
+
+        *usable* False: the fork found a span being built, so the exporter's locks may be held forever in this
+        process; no span is built here then, each one dropped and counted (logged once).
+        """
+        self._cond = threading.Condition()
+        self.building = threading.Lock()
+        self._jobs = deque()
+        self._busy = 0
+        self._thread = None
+        self.dropped = self.errors = 0
+        if not usable:
+            self._closed = True
+            log.error("perfsdk: forked while a span was being exported: this process builds no spans (counted in "
+                      "stats()['dropped_spans']; metrics are not affected). Create the Monitor after the fork.")
+
     def flush(self, timeout: float | None) -> bool:
         """Wait until every span handed over is built (False on timeout)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -140,6 +166,7 @@ class OtelSink:
     def _enqueue(self, job: Any) -> None:
         with self._cond:
             if self._closed:
+                self.dropped += 1
                 return
             if len(self._jobs) >= self._capacity:
                 self.dropped += 1
@@ -169,10 +196,11 @@ class OtelSink:
                 job = self._jobs.popleft()
                 self._busy += 1
             try:
-                if isinstance(job, StepSample):
-                    self._step_span(job)
-                else:
-                    self._request_span(job)
+                with self.building:
+                    if isinstance(job, StepSample):
+                        self._step_span(job)
+                    else:
+                        self._request_span(job)
             except Exception as e:
                 self.errors += 1
                 if self.errors == 1:
@@ -218,7 +246,7 @@ class OtelSink:
             child = tracer.start_span(name, context=ctx, kind=self._internal_kind, start_time=t0,
                                       attributes={"gen_ai.request.model": r.model})
             child.end(end_time=max(t1, t0))
-        span.end(end_time=r.end_ns)
+        span.end(end_time=max(r.end_ns, r.start_ns))  # a clock that went backwards: no negative span
 
     def _step_span(self, s: StepSample) -> None:
         tracer = self.tracer()
@@ -235,4 +263,4 @@ class OtelSink:
                                  start_time=s.t0 + self._offset, attributes=attrs)
         if s.error is not None:
             span.set_status(self._status_cls(self._error_code, s.error))
-        span.end(end_time=s.t1 + self._offset)
+        span.end(end_time=max(s.t1, s.t0) + self._offset)

@@ -77,6 +77,7 @@ class MetricSet:
     peak_bandwidth: Gauge
     peak_flops: Gauge
     dropped: Counter
+    dropped_spans: Counter
     internal_errors: Counter
     suspect: Counter
     profile_busy: Gauge
@@ -156,6 +157,9 @@ def _create(reg: CollectorRegistry, extra: tuple[str, ...]) -> MetricSet:
                          ("device", "dtype", *extra), registry=reg, multiprocess_mode="mostrecent"),
         dropped=Counter("perfsdk_dropped_records", "Records perfsdk dropped because its collector fell "
                         "behind (the server never blocks).", extra, registry=reg),
+        dropped_spans=Counter("perfsdk_dropped_spans", "Spans perfsdk dropped: step spans sampled beyond 4,096 per "
+                              "export interval (reason=sample_cap), or spans that found the span thread's queue "
+                              "full (reason=queue_full, a slow span exporter).", (*extra, "reason"), registry=reg),
         internal_errors=Counter("perfsdk_internal_errors", "Exceptions inside perfsdk, caught and counted "
                                 "(they never reach the server).", extra, registry=reg),
         suspect=Counter("perfsdk_suspect_utilization", "Steps whose MBU or MFU came out above 1, which is "
@@ -214,15 +218,17 @@ class PrometheusSink:
         Their series appear at the first capture, not before: a 0 exported before any capture would read
         as an idle GPU, or as the one rank of a group that waits for nobody (the straggler alert's test).
         """
-        if busy is not None:
-            self.metrics.profile_busy.labels(*self._mv).set(busy)
-        if comm is not None:
-            self.metrics.profile_comm.labels(*self._mv).set(comm)
+        with self._update:
+            if busy is not None:
+                self.metrics.profile_busy.labels(*self._mv).set(busy)
+            if comm is not None:
+                self.metrics.profile_comm.labels(*self._mv).set(comm)
 
     def set_hardware(self, device: str, bandwidth: float, flops: dict[str, float]) -> None:
-        self.metrics.peak_bandwidth.labels(device, *self._extra_values).set(bandwidth)
-        for dtype, value in flops.items():
-            self.metrics.peak_flops.labels(device, dtype, *self._extra_values).set(value)
+        with self._update:
+            self.metrics.peak_bandwidth.labels(device, *self._extra_values).set(bandwidth)
+            for dtype, value in flops.items():
+                self.metrics.peak_flops.labels(device, dtype, *self._extra_values).set(value)
 
     # ---- the Sink interface ------------------------------------------------------------------------
     def steps(self, totals: StepTotals) -> None:
@@ -245,27 +251,37 @@ class PrometheusSink:
                 if t.mfu_counts[-1]:
                     self.suspect_mfu[code].inc(t.mfu_counts[-1])
 
+    # Every write holds the registry's update lock (as steps() does): a fork waits for it (perfsdk.monitor's
+    # fork hooks), so no perfsdk thread holds a prometheus_client lock when the child is made.
     def latencies(self, ttft_s: Sequence[float], itl_s: Sequence[float]) -> None:
-        for v in ttft_s:
-            self.ttft.observe(v)
-        for v in itl_s:
-            self.itl.observe(v)
+        with self._update:
+            for v in ttft_s:
+                self.ttft.observe(v)
+            for v in itl_s:
+                self.itl.observe(v)
 
     def request(self, result: RequestResult) -> None:
-        if result.queue_s is not None:
-            self.queue.observe(result.queue_s)
-        itl = self.itl
-        for v in result.itl_s:
-            itl.observe(v)
-        if result.tpot_s is not None:
-            self.tpot.observe(result.tpot_s)
-        self.duration.observe(result.e2e_s)
+        with self._update:
+            if result.queue_s is not None:
+                self.queue.observe(result.queue_s)
+            itl = self.itl
+            for v in result.itl_s:
+                itl.observe(v)
+            if result.tpot_s is not None:
+                self.tpot.observe(result.tpot_s)
+            if result.e2e_s is not None:
+                self.duration.observe(result.e2e_s)
 
     def health(self, dropped: int, errors: int) -> None:
-        if dropped > 0:
-            self.dropped.inc(dropped)
-        if errors > 0:
-            self.internal_errors.inc(errors)
+        with self._update:
+            if dropped > 0:
+                self.dropped.inc(dropped)
+            if errors > 0:
+                self.internal_errors.inc(errors)
+
+    def dropped_spans(self, reason: str, n: int) -> None:
+        with self._update:
+            self.metrics.dropped_spans.labels(*self._extra_values, reason).inc(n)
 
     def flush(self, timeout: float | None) -> bool:
         return True
