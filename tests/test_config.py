@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from perfsdk import assembly
-from perfsdk.config import MonitorConfig, cache_dir
+from perfsdk.config import MonitorConfig, cache_dir, metrics_endpoint
 from perfsdk.errors import ConfigError
 from perfsdk.testing import monitor_harness
 
@@ -94,7 +94,11 @@ def test_perfsdk_rank_sets_the_rank_label(monkeypatch: pytest.MonkeyPatch) -> No
 def test_torchrun_variables_follow_the_same_rule(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv(name, value)
-    read = (lambda: assembly.rank_port(9400)) if name == "LOCAL_RANK" else (lambda: assembly.detect_rank("auto"))
+    cfg = MonitorConfig.from_env(environ={"PERFSDK_METRICS_PORT": "9400"})
+
+    def read() -> object:
+        return metrics_endpoint(cfg) if name == "LOCAL_RANK" else assembly.detect_rank("auto")
+
     with pytest.raises(ConfigError, match=f"^{name} \\(environment\\)"):
         read()
 
