@@ -21,6 +21,12 @@
         max_chunks=None,              # text chunks per response: None = 4 x max_tokens + 64
     )
 
+``duration_s`` ends a run early: no request is sent once that many seconds
+have passed since the first (per repetition), so ``num_prompts`` may be huge;
+the requests are built as they are sent. ``max_chunks`` caps the text chunks
+of every response (``None``: ``4 * max_tokens + 64`` per request, see
+``client.py``); a stream past it fails as ``too_many_chunks``.
+
 Every field is checked in ``__post_init__``; a bad value raises
 :class:`perfsdk.errors.ConfigError` whose message starts with the field name.
 Lengths given as ``int`` or text are converted to :class:`LengthSpec`, so
