@@ -12,6 +12,7 @@ import inspect
 import itertools
 import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from perfsdk.bench.client import MAX_DERIVED_CHUNKS, chunk_limit
 from perfsdk.bench.prompts import synthetic_prompt
 from perfsdk.bench.records import GapSummary
 from perfsdk.bench.workload import AHEAD_REQUESTS, PlannedRequest, build_ahead, planned_requests
+from perfsdk.cli import main
 from perfsdk.errors import ConfigError
 
 pytestmark = pytest.mark.slow
@@ -265,3 +267,48 @@ def test_iter_arrival_offsets_is_the_list_lazily() -> None:
         assert list(itertools.islice(lazy, 500)) == arrival_offsets(500, rate=rate, burstiness=burst, seed=4)
     with pytest.raises(ConfigError, match="request_rate"):
         iter_arrival_offsets(10, rate=0.0)  # checked when called, not at the first value
+
+
+# -- the command line -----------------------------------------------------------------------------------------
+
+
+def _serve_args(url: str, *extra: str) -> list[str]:
+    return ["bench", "serve", "--base-url", url, "--model", "fake", "--num-prompts", "6", "--input-len", "16",
+            "--output-len", "6", "--no-progress", *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--max-chunks", "0"), ("--max-chunks", "1.5"), ("--duration", "nan"), ("--duration", "-5"),
+     ("--duration", "1e400"), ("--duration", "inf")],
+)  # fmt: skip
+def test_bad_limits_on_the_command_line_exit_2_naming_the_flag(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        rc = main([*_serve_args("http://127.0.0.1:9"), flag, value])
+    except SystemExit as e:  # argparse's own refusal (a value that is not a number at all)
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert re.search(flag.removeprefix("--").replace("-", "[-_]"), err), err
+    assert "Traceback" not in err
+
+
+def test_serve_stops_an_endless_stream_at_max_chunks_and_saves_a_bounded_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # before: the endless stream was read until --timeout, one gap per chunk in memory and in the file
+    out = tmp_path / "run.json"
+    with FakeOpenAIServer(["ok", "endless", "ok", "ok", "ok", "ok"]) as srv:
+        rc = main(_serve_args(srv.url, "--max-concurrency", "1", "--max-chunks", "40", "--timeout", "60",
+                              "--duration", "30", "--save-result", str(out)))  # fmt: skip
+        assert srv.wait_for_disconnects(1) == 1
+    assert rc == 0  # one failed request is counted, not fatal
+    assert "too_many_chunks:" in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert saved["config"]["max_chunks"] == 40 and saved["config"]["duration_s"] == 30.0
+    assert saved["summary"]["failures"] == {"too_many_chunks": 1}
+    (endless,) = [r for r in saved["records"] if r["error"]]
+    assert endless["chunks"] == 40 and endless["itl"] == [] and endless["itl_summary"]["count"] == 39
+    assert out.stat().st_size < 50_000  # six requests: a summary for the endless one, not its every gap

@@ -70,6 +70,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     s.add_argument("--percentiles", nargs="+", type=float, default=[99.0], help="default: 99")
     s.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--api-key", default=None, help="sent as a Bearer token; never saved")
+    s.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="send the same load N times and record each (default 1; use 3 for `bench compare`/`regress`)",
+    )
     s.add_argument(
         "--max-chunks",
         type=int,
@@ -83,15 +92,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=None,
         metavar="SECONDS",
         help="stop sending new requests this long after the first (per repetition); default: send all",
-    )
-    s.add_argument("--temperature", type=float, default=0.0)
-    s.add_argument("--api-key", default=None, help="sent as a Bearer token; never saved")
-    s.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        metavar="N",
-        help="send the same load N times and record each (default 1; use 3 for `bench compare`/`regress`)",
     )
     s.add_argument("--save-result", metavar="PATH", default=None, help="write config, records, summary as JSON")
     s.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of latencies and tokens/s")
