@@ -24,9 +24,14 @@ Hostile responses (each must cost one failed request, never the run):
 ``escape_error``   one token, then an error message with a terminal escape and a lone surrogate
 ``rot13_500``      HTTP 500 whose Content-Type declares ``charset=rot13`` (not a text codec)
 ``huge_500``       HTTP 500 with a 64 MiB body
+``endless``        one token, then text chunks as fast as the socket takes them, never ``[DONE]``, until
+                   the client goes (or ``stall_s``); the chunks go out a thousand to a write
+``flood``          ``flood_chunks`` one-byte text chunks (a thousand to a write) whatever ``max_tokens``
+                   says, then usage and ``[DONE]``
 
-The server counts requests, the requests in flight (and the maximum), and how
-many clients disconnected while it was still streaming to them.
+The server counts requests, the requests in flight (and the maximum), how
+many clients disconnected while it was still streaming to them, and the text
+chunks it sent on ``endless`` and ``flood`` streams (``hostile_chunks_sent``).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from aiohttp import web
 __all__ = ["HOSTILE", "FakeOpenAIServer", "unused_port"]
 
 _DEPTH = 100_000  # far beyond the interpreter's recursion limit (1,000)
+_BATCH = 1000  # events per write on the endless and flood streams: many tiny chunks per TCP segment
 
 #: Raw ``data:`` payloads of the hostile stream behaviours, sent after one good token (the ``*_usage``
 #: ones after every token, in place of the usage event).
@@ -77,12 +83,15 @@ class FakeOpenAIServer:
         first_token_delay_s: float = 0.0,
         stall_s: float = 30.0,
         send_usage: bool = True,
+        flood_chunks: int = 200_000,
     ) -> None:
         self.plan = list(plan)
         self.token_delay_s = token_delay_s
         self.first_token_delay_s = first_token_delay_s
         self.stall_s = stall_s
         self.send_usage = send_usage
+        self.flood_chunks = flood_chunks
+        self.hostile_chunks_sent = 0
         self._lock = threading.Lock()
         self.requests = 0
         self.in_flight = 0
@@ -184,10 +193,13 @@ class FakeOpenAIServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
 
-        async def send(obj: Any) -> None:
+        def encode(obj: Any) -> bytes:
             data = obj if isinstance(obj, str) else json.dumps(obj)
             # a payload with newlines is one event over several data: lines, as SSE defines it
-            await resp.write(("data: " + data.replace("\n", "\ndata: ") + "\n\n").encode())
+            return ("data: " + data.replace("\n", "\ndata: ") + "\n\n").encode()
+
+        async def send(obj: Any) -> None:
+            await resp.write(encode(obj))
 
         def chunk(text: str) -> dict[str, Any]:
             if chat:
@@ -216,6 +228,20 @@ class FakeOpenAIServer:
             if behaviour == "stall" and i == 1:
                 await self._wait_gone(request, self.stall_s)
                 return resp
+            if behaviour == "endless" and i == 1:
+                await self._endless(request, resp, encode(chunk("x")))
+                return resp
+            if behaviour == "flood" and i == 1:
+                event = encode(chunk("x"))
+                try:
+                    for start in range(0, self.flood_chunks, _BATCH):
+                        k = min(_BATCH, self.flood_chunks - start)
+                        await resp.write(event * k)
+                        self._count_hostile(k)
+                except ConnectionError:  # the client hung up on the flood, as it should
+                    self._count_disconnect()
+                    return resp
+                break  # then usage and [DONE], as a stream that ends would
             if behaviour in HOSTILE and not behaviour.endswith("_usage") and i == 1:
                 for data in HOSTILE[behaviour]:
                     await send(data)
@@ -235,6 +261,30 @@ class FakeOpenAIServer:
             await send("[DONE]")
         await resp.write_eof()
         return resp
+
+    def _count_hostile(self, k: int) -> None:
+        with self._lock:
+            self.hostile_chunks_sent += k
+
+    def _count_disconnect(self) -> None:
+        with self._lock:
+            self.disconnects += 1
+
+    async def _endless(self, request: web.Request, resp: web.StreamResponse, event: bytes) -> None:
+        """Text chunks until the client disconnects (counted) or ``stall_s`` passes; never [DONE]."""
+        deadline = time.monotonic() + self.stall_s
+        batch = event * _BATCH
+        while time.monotonic() < deadline:
+            if request.transport is None or request.transport.is_closing():
+                self._count_disconnect()
+                return
+            try:
+                await resp.write(batch)
+            except ConnectionError:  # the client closed the connection while we wrote
+                self._count_disconnect()
+                return
+            self._count_hostile(_BATCH)
+            await asyncio.sleep(0)  # let the loop see the client go
 
     async def _wait_gone(self, request: web.Request, limit_s: float) -> None:
         """Hold the stream open until the client disconnects (counted) or *limit_s* passes."""

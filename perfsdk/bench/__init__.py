@@ -19,7 +19,8 @@ or from a shell: ``perfsdk bench serve --base-url ... --model ...`` and
 
 Modules: ``config`` (BenchConfig), ``distributions`` (LengthSpec),
 ``arrivals`` (Poisson/gamma schedule, same meaning as ``vllm bench serve``),
-``prompts``, ``client`` (one SSE request, failure classification),
+``prompts``, ``workload`` (the requests of a run, built as they are sent),
+``client`` (one SSE request, failure classification, the chunk limit),
 ``records`` (RequestRecord, failure reasons), ``run``, ``report`` (summary
 keys are documented there), ``result`` (BenchResult, JSON, repetitions),
 ``plot``, ``compare``, ``noise`` (the 95 % interval of a difference across

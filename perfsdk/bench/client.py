@@ -18,15 +18,29 @@ failure's detail is clipped and has control characters escaped, so it cannot
 break the report or the terminal. Anything else the client raises is a
 ``client_error`` with the exception named, never the end of the run.
 
-On a timeout or a malformed event the client stops reading and closes the
-connection, so the server sees the disconnect and can free the sequence.
+One response also costs bounded memory, whatever its length. Each gap between
+text chunks is kept (``record.itl``), so the number of text chunks a response
+may send is limited: by default :func:`chunk_limit` of the request's
+``max_tokens``, ``4 * max_tokens + 64`` (a server that honours ``max_tokens``
+sends at most one text chunk per token; the margin leaves room for servers that
+stream pieces of tokens), at most :data:`MAX_DERIVED_CHUNKS`; ``max_chunks=N``
+(``--max-chunks``) sets it for every request. A stream that goes past it is
+stopped and fails as ``too_many_chunks``. A request stopped at its limit, of
+chunks or of time (``timeout``), keeps a summary of its gaps instead of the
+gaps (:meth:`RequestRecord.summarize_gaps`). Bytes never accumulate: each event
+is parsed and dropped as it ends, and an event is at most
+:data:`MAX_EVENT_BYTES`.
+
+On a timeout, a stream over its limit or a malformed event the client stops
+reading and closes the connection, so the server sees the disconnect and can
+free the sequence.
 
 ::
 
     async with aiohttp.ClientSession() as session:
         rec = RequestRecord(index=0, prompt_len=128, max_tokens=64)
         payload = build_payload("completions", model="m", prompt=text, max_tokens=64)
-        await send_request(session, url, payload, rec, timeout_s=30.0)
+        await send_request(session, url, payload, rec, timeout_s=30.0)   # at most 4 * 64 + 64 chunks
 """
 
 from __future__ import annotations
@@ -42,11 +56,13 @@ from perfsdk.bench.records import (
     CLIENT_ERROR,
     CONNECTION_ERROR,
     ERROR_EVENT,
+    LIMIT_REASONS,
     MALFORMED_EVENT,
     NO_TOKENS,
     NOT_EVENT_STREAM,
     STREAM_CUT,
     TIMEOUT,
+    TOO_MANY_CHUNKS,
     RequestRecord,
     http_reason,
 )
@@ -54,13 +70,26 @@ from perfsdk.bench.records import (
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["MAX_EVENT_BYTES", "build_payload", "send_request"]
+__all__ = [
+    "CHUNK_MARGIN",
+    "CHUNK_SLACK",
+    "MAX_DERIVED_CHUNKS",
+    "MAX_EVENT_BYTES",
+    "build_payload",
+    "chunk_limit",
+    "send_request",
+]
 
 _DETAIL_CHARS = 300  # enough of a server's error body to say what went wrong
 _BODY_BYTES = 64 * 1024  # of a non-200 or non-stream body, read for the detail; the rest is not needed
 #: Largest Server-Sent Event accepted (its data: lines together). An OpenAI-style chunk is well under
 #: a kilobyte; a server that never ends an event must not grow the client's memory without bound.
 MAX_EVENT_BYTES = 16 * 2**20
+#: The default limit of text chunks per response is ``CHUNK_MARGIN * max_tokens + CHUNK_SLACK`` ...
+CHUNK_MARGIN = 4
+CHUNK_SLACK = 64
+#: ... and never more than this (about 32 MB of gaps) unless ``max_chunks`` says so.
+MAX_DERIVED_CHUNKS = 1_000_000
 # usage counts above 2**53 lose integer precision as floats (throughputs are floats): not a token count
 _MAX_COUNT = 2**53
 
@@ -93,6 +122,13 @@ def build_payload(
     return body
 
 
+def chunk_limit(max_tokens: int, max_chunks: int | None = None) -> int:
+    """Text chunks one response may send: *max_chunks* when given, else derived from *max_tokens*."""
+    if max_chunks is not None:
+        return max_chunks
+    return min(CHUNK_MARGIN * max(max_tokens, 0) + CHUNK_SLACK, MAX_DERIVED_CHUNKS)
+
+
 class _StreamFailure(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
@@ -109,14 +145,28 @@ async def send_request(
     timeout_s: float,
     t0: float | None = None,
     headers: Mapping[str, str] | None = None,
+    max_chunks: int | None = None,
 ) -> RequestRecord:
-    """Send one request and fill *record*; *t0* is the run's start on ``perf_counter``."""
+    """Send one request and fill *record*; *t0* is the run's start on ``perf_counter``.
+
+    At most :func:`chunk_limit` text chunks are read: *max_chunks*, or else derived from
+    ``record.max_tokens`` (from the payload's ``max_tokens`` when the record leaves it 0).
+    """
     import aiohttp  # optional dependency, imported at the point of use
     from aiohttp.http_exceptions import HttpProcessingError
 
     st = time.perf_counter()
     record.start = st - (t0 if t0 is not None else st)
-    state = _State(st)
+    asked = record.max_tokens or payload.get("max_tokens")
+    asked = asked if isinstance(asked, int) else 0
+    limit = chunk_limit(asked, max_chunks)
+    if max_chunks is not None:
+        why = "max_chunks"
+    elif limit == MAX_DERIVED_CHUNKS:
+        why = f"the default's ceiling for max_tokens={asked}"
+    else:
+        why = f"{CHUNK_MARGIN} x max_tokens ({asked}) + {CHUNK_SLACK}"
+    state = _State(st, limit, why)
     try:
         await asyncio.wait_for(_stream(session, url, payload, record, state=state, headers=headers), timeout_s)
     except _StreamFailure as e:
@@ -149,14 +199,18 @@ async def send_request(
     record.stream_end = time.perf_counter() - st
     if record.ok:
         _finish(record, state)
+    elif record.error in LIMIT_REASONS:
+        record.summarize_gaps()  # the gaps of an endless stream would fill memory and the result file
     return record
 
 
 class _State:
-    __slots__ = ("completion_tokens", "done", "headers", "last", "st")
+    __slots__ = ("completion_tokens", "done", "headers", "last", "limit_why", "max_chunks", "st")
 
-    def __init__(self, st: float) -> None:
+    def __init__(self, st: float, max_chunks: int, limit_why: str) -> None:
         self.st = st
+        self.max_chunks = max_chunks
+        self.limit_why = limit_why  # how the limit was set, for the failure's detail
         self.headers = False
         self.done = False
         self.last: float | None = None
@@ -257,6 +311,12 @@ def _on_event(data: str, now: float, record: RequestRecord, st: float, state: _S
     if not isinstance(choice, dict):
         raise _StreamFailure(MALFORMED_EVENT, f"a choice is not an object: {_clip(data)}")
     if _text_of(choice):
+        if record.chunks >= state.max_chunks:
+            raise _StreamFailure(
+                TOO_MANY_CHUNKS,
+                f"the stream sent more than {state.max_chunks:,} text chunks, the per-response limit "
+                f"({state.limit_why}; --max-chunks sets it); stopped reading",
+            )
         record.chunks += 1
         if record.ttft is None:
             record.ttft = now - st

@@ -17,7 +17,15 @@
         goodput={"ttft": 500, "tpot": 50},   # SLOs in milliseconds
         seed=0,
         repeat=3,                     # the same load three times: spread, and intervals in compare
+        duration_s=600.0,             # stop sending after 10 minutes (None: send all num_prompts)
+        max_chunks=None,              # text chunks per response: None = 4 x max_tokens + 64
     )
+
+``duration_s`` ends a run early: no request is sent once that many seconds
+have passed since the first (per repetition), so ``num_prompts`` may be huge;
+the requests are built as they are sent. ``max_chunks`` caps the text chunks
+of every response (``None``: ``4 * max_tokens + 64`` per request, see
+``client.py``); a stream past it fails as ``too_many_chunks``.
 
 Every field is checked in ``__post_init__``; a bad value raises
 :class:`perfsdk.errors.ConfigError` whose message starts with the field name.
@@ -103,6 +111,8 @@ class BenchConfig:
     api_key: str | None = field(default=None, repr=False)  # never saved in results
     temperature: float = 0.0
     repeat: int = 1  # repetitions of the same load (same seed, same requests, same schedule)
+    duration_s: float | None = None  # stop sending new requests this long after the first (per repetition)
+    max_chunks: int | None = None  # text chunks one response may send; None: derived from its max_tokens
 
     def __post_init__(self) -> None:
         url = urlparse(self.base_url)
@@ -151,6 +161,10 @@ class BenchConfig:
             raise ConfigError(f"timeout_s: must be a finite number of seconds > 0, got {self.timeout_s!r}")
         if not (_is_finite(self.temperature) and self.temperature >= 0):
             raise ConfigError(f"temperature: must be a finite number >= 0, got {self.temperature!r}")
+        if self.duration_s is not None and not (_is_finite(self.duration_s) and self.duration_s > 0):
+            raise ConfigError(f"duration_s: must be a finite number of seconds > 0, got {self.duration_s!r}")
+        if self.max_chunks is not None:
+            _check_int("max_chunks", self.max_chunks, minimum=1)
 
     @property
     def url(self) -> str:
@@ -188,6 +202,8 @@ class BenchConfig:
             "timeout_s": self.timeout_s,
             "temperature": self.temperature,
             "repeat": self.repeat,
+            "duration_s": self.duration_s,
+            "max_chunks": self.max_chunks,
         }
 
 

@@ -6,16 +6,17 @@
     uniform:64-256    an integer drawn uniformly from 64..256 (both ends included)
     normal:128,32     a normal draw with mean 128 and std 32, rounded, clamped to >= 1
 
-Use :meth:`LengthSpec.parse` on text and :meth:`LengthSpec.sample` with a seeded
-:class:`random.Random` so that two runs with the same ``--seed`` send the same
-lengths::
+Use :meth:`LengthSpec.parse` on text and :meth:`LengthSpec.sample` (or
+:meth:`LengthSpec.draw`, one length) with a seeded :class:`random.Random` so
+that two runs with the same ``--seed`` send the same lengths; ``sample(rng, n)``
+is ``n`` calls of ``draw(rng)``, and a fixed length draws nothing from *rng*::
 
     spec = LengthSpec.parse("uniform:64-256")
     lengths = spec.sample(random.Random(0), 100)
 
 Bad text raises :class:`perfsdk.errors.ConfigError` naming the field; so do
-non-finite numbers and lengths above :data:`MAX_LENGTH` (the prompts are
-built in memory before the run starts).
+non-finite numbers and lengths above :data:`MAX_LENGTH` (each prompt is built
+in memory, as its request is sent).
 """
 
 from __future__ import annotations
@@ -117,11 +118,15 @@ class LengthSpec:
 
     def sample(self, rng: random.Random, n: int) -> list[int]:
         """Draw *n* lengths (each >= 1) from *rng*."""
+        return [self.draw(rng) for _ in range(n)]
+
+    def draw(self, rng: random.Random) -> int:
+        """One length (>= 1) from *rng*; a fixed length uses no randomness."""
         if self.kind == "fixed":
-            return [int(self.a)] * n
+            return int(self.a)
         if self.kind == "uniform":
-            return [rng.randint(int(self.a), int(self.b)) for _ in range(n)]
-        return [min(max(1, round(rng.gauss(self.a, self.b))), MAX_LENGTH) for _ in range(n)]
+            return rng.randint(int(self.a), int(self.b))
+        return min(max(1, round(rng.gauss(self.a, self.b))), MAX_LENGTH)
 
     @property
     def mean(self) -> float:

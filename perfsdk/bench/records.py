@@ -17,11 +17,17 @@ request's own ``start``:
 
 A failed request keeps whatever it measured before failing, with ``error`` set
 to one of the stable reason keys below and ``error_detail`` saying what
-happened in words.
+happened in words. A request stopped at its time or size limit (``timeout``,
+``too_many_chunks``) keeps a :class:`GapSummary` of its gaps in
+``itl_summary`` instead of the gaps themselves (``itl`` is then empty), so one
+endless stream costs a few hundred bytes in memory and in the result file, not
+one number per chunk. Every other request keeps every gap in ``itl``.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,11 +37,14 @@ __all__ = [
     "CONNECTION_ERROR",
     "ERROR_EVENT",
     "FAILURE_REASONS",
+    "LIMIT_REASONS",
     "MALFORMED_EVENT",
     "NOT_EVENT_STREAM",
     "NO_TOKENS",
     "STREAM_CUT",
     "TIMEOUT",
+    "TOO_MANY_CHUNKS",
+    "GapSummary",
     "RequestRecord",
     "http_reason",
 ]
@@ -44,6 +53,7 @@ CONNECTION_ERROR = "connection_error"  # refused, DNS, reset before a response
 MALFORMED_EVENT = "malformed_event"  # a data: line that is not JSON or not a completion chunk
 STREAM_CUT = "stream_cut"  # the stream ended or broke before data: [DONE]
 TIMEOUT = "timeout"  # no complete response within --timeout
+TOO_MANY_CHUNKS = "too_many_chunks"  # more text chunks than the per-response limit (--max-chunks)
 ERROR_EVENT = "error_event"  # the server sent {"error": ...} inside the stream
 NOT_EVENT_STREAM = "not_event_stream"  # a 200 that is not text/event-stream
 NO_TOKENS = "no_tokens"  # [DONE] arrived but no text was generated
@@ -58,6 +68,8 @@ FAILURE_REASONS: dict[str, str] = {
     "absurd usage counts, a line beyond the client's limit)",
     STREAM_CUT: "the event stream ended or broke before data: [DONE]",
     TIMEOUT: "no complete response within the timeout (the client closes the connection)",
+    TOO_MANY_CHUNKS: "more text chunks than the per-response limit (--max-chunks, by default 4 x max_tokens + 64): "
+    "the client stops reading and closes the connection",
     ERROR_EVENT: "the server reported an error inside the stream",
     NOT_EVENT_STREAM: "a 200 response that is not text/event-stream",
     NO_TOKENS: "the stream finished without generating any text",
@@ -66,8 +78,58 @@ FAILURE_REASONS: dict[str, str] = {
 }
 
 
+#: The failures of a request stopped at a limit; such a record keeps a summary of its gaps, not the gaps.
+LIMIT_REASONS: frozenset[str] = frozenset({TIMEOUT, TOO_MANY_CHUNKS})
+
+
 def http_reason(status: int) -> str:
     return f"http_{status}"
+
+
+@dataclass(frozen=True)
+class GapSummary:
+    """The gaps between text chunks of a request stopped at a limit, in seconds (``None`` with no gap).
+
+    Percentiles interpolate linearly between the gaps, as :func:`perfsdk.bench.report.percentile` does.
+    """
+
+    count: int
+    total: float
+    min: float | None = None
+    max: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+
+    @classmethod
+    def of(cls, gaps: Sequence[float]) -> GapSummary:
+        if not gaps:
+            return cls(0, 0.0)
+        ordered = sorted(gaps)
+        return cls(
+            count=len(ordered),
+            total=math.fsum(ordered),
+            min=ordered[0],
+            max=ordered[-1],
+            p50=_percentile(ordered, 50.0),
+            p90=_percentile(ordered, 90.0),
+            p99=_percentile(ordered, 99.0),
+        )
+
+    @classmethod
+    def from_dict(cls, d: Any) -> GapSummary:
+        """From its JSON form; anything else raises TypeError (the loader names the record)."""
+        if not isinstance(d, dict):
+            raise TypeError(f"itl_summary: expected an object, got {type(d).__name__}")
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def _percentile(ordered: Sequence[float], p: float) -> float:
+    # numpy's linear interpolation, as report.percentile (not imported: report imports this module)
+    pos = (len(ordered) - 1) * p / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 @dataclass
@@ -82,6 +144,7 @@ class RequestRecord:
     start: float = 0.0
     ttft: float | None = None
     itl: list[float] = field(default_factory=list)
+    itl_summary: GapSummary | None = None  # set, and itl emptied, when the request stopped at a limit
     e2el: float | None = None
     stream_end: float | None = None
     output_tokens: int = 0
@@ -125,6 +188,11 @@ class RequestRecord:
             self.error = reason
             self.error_detail = detail
 
+    def summarize_gaps(self) -> None:
+        """Replace the gaps with their :class:`GapSummary` (for a request stopped at a limit)."""
+        self.itl_summary = GapSummary.of(self.itl)
+        self.itl = []
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["tpot"] = self.tpot
@@ -133,4 +201,6 @@ class RequestRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        if known.get("itl_summary") is not None:
+            known["itl_summary"] = GapSummary.from_dict(known["itl_summary"])
         return cls(**known)

@@ -17,7 +17,8 @@ Summary keys:
 ``e2el_ms``                request start to last text chunk
 ``send_lag_ms``            how late each request was sent against its schedule (waiting on
                            ``max_concurrency`` or an overloaded client shows up here)
-``num_prompts``            measured requests (warm-up excluded)
+``num_prompts``            measured requests sent (warm-up excluded; fewer than asked
+                           when ``duration_s`` stopped the run)
 ``completed``, ``failed``  counts; ``completed + failed == num_prompts``
 ``failures``               ``{reason: count}``, most frequent first
 ``failure_examples``       ``{reason: the first failure's detail}``

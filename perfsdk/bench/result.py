@@ -12,7 +12,9 @@
 The JSON file holds ``format`` (a version number), ``config`` (without the API
 key), ``seed``, ``environment`` (perfsdk, Python and aiohttp versions, host,
 platform, start time, command line), ``summary``, ``records`` and
-``warmup_records``.
+``warmup_records``. A record stopped at its time or chunk limit holds
+``itl_summary`` (count, total, min, max, p50, p90, p99 of its gaps, seconds)
+and an empty ``itl``; files written before it existed load as before.
 
 A run of one repetition is written as format 1, exactly as before ``--repeat``
 existed. A run of N > 1 repetitions (``perfsdk bench serve --repeat N``) is

@@ -11,17 +11,27 @@
 
 What happens:
 
-1. Lengths and prompts are drawn from ``seed`` (one stream for lengths, one
-   for arrivals), so two runs with the same seed send the same requests at the
-   same offsets.
+1. The requests are built one at a time, as they are sent, from ``seed``
+   (``workload.py``: one stream for lengths, one for prompt words, one for
+   arrivals), so two runs with the same seed send the same requests at the
+   same offsets and memory does not grow with ``num_prompts``. The first
+   requests (up to 1,024, or 64 MiB of prompts) are built before the clock
+   starts, so that a burst goes out without waiting on prompt building.
 2. ``warmup`` extra requests are sent first, all at once (capped by
    ``max_concurrency``); they are kept in ``result.warmup_records`` and left
    out of every statistic.
 3. The measured requests are sent on the arrival schedule (see
    ``arrivals.py``); with ``max_concurrency`` a request waits for a free slot
    and its wait shows up as ``send_lag_ms``. TTFT is timed from the actual send.
+   With ``duration_s`` no request is sent once that many seconds have passed
+   since the first (requests in flight finish): the summary counts the
+   requests sent, and the rest are never built.
 4. Every request ends as a success or a counted failure; only cancellation of
-   the benchmark itself propagates.
+   the benchmark itself propagates. Each response may send at most
+   ``max_chunks`` text chunks (by default 4 x its ``max_tokens`` + 64, see
+   ``client.py``); a stream past that limit or past ``timeout_s`` is stopped,
+   fails (``too_many_chunks``, ``timeout``) and keeps a summary of its gaps,
+   not every gap, so an endless stream costs bounded memory and result size.
 5. With ``repeat`` N > 1 the measured load is sent N times, one after the
    other, each time with a new connection pool: the same requests on the same
    arrival schedule (the seed is the same), so that what differs between the
@@ -36,18 +46,17 @@ What happens:
 from __future__ import annotations
 
 import asyncio
-import random
+import itertools
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from perfsdk.bench.arrivals import arrival_offsets
 from perfsdk.bench.client import build_payload, send_request
 from perfsdk.bench.config import BenchConfig
-from perfsdk.bench.prompts import synthetic_prompt
 from perfsdk.bench.records import RequestRecord
 from perfsdk.bench.report import summarize, summarize_repetitions
 from perfsdk.bench.result import BenchResult, Repetition, environment
+from perfsdk.bench.workload import PlannedRequest, build_ahead, planned_requests
 
 if TYPE_CHECKING:
     import aiohttp
@@ -62,52 +71,76 @@ async def run_benchmark(config: BenchConfig, *, progress: bool | None = None) ->
     show_progress = config.progress if progress is None else progress
     env = environment()
     n_warm, n = config.warmup, config.num_prompts
-    rng = random.Random(f"perfsdk.bench.lengths:{config.seed}")
-    in_lens = config.input_spec.sample(rng, n_warm + n)
-    out_lens = config.output_spec.sample(rng, n_warm + n)
-    prompt_rng = random.Random(f"perfsdk.bench.prompts:{config.seed}")
-    prompts = [synthetic_prompt(in_lens[i], prompt_rng, index=i) for i in range(n_warm + n)]
-    offsets = arrival_offsets(n, rate=config.request_rate, burstiness=config.burstiness, seed=config.seed)
 
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeout_s)
 
-    async def one(i: int, rec: RequestRecord, t0: float, session: aiohttp.ClientSession) -> RequestRecord:
+    async def send(req: PlannedRequest, rec: RequestRecord, t0: float, session: aiohttp.ClientSession) -> RequestRecord:
         payload = build_payload(
             config.endpoint,
             model=config.model,
-            prompt=prompts[i],
-            max_tokens=out_lens[i],
+            prompt=req.prompt,
+            max_tokens=req.max_tokens,
             ignore_eos=config.ignore_eos,
             temperature=config.temperature,
         )
-        if slots is None:
-            return await send_request(session, config.url, payload, rec, timeout_s=config.timeout_s, t0=t0)
-        async with slots:
-            return await send_request(session, config.url, payload, rec, timeout_s=config.timeout_s, t0=t0)
+        return await send_request(
+            session, config.url, payload, rec, timeout_s=config.timeout_s, t0=t0, max_chunks=config.max_chunks
+        )
 
-    def new_record(i: int, warm: bool, scheduled: float) -> RequestRecord:
-        return RequestRecord(index=i, warmup=warm, prompt_len=in_lens[i], max_tokens=out_lens[i], scheduled=scheduled)
+    async def send_in_slot(
+        req: PlannedRequest, rec: RequestRecord, t0: float, session: aiohttp.ClientSession
+    ) -> RequestRecord:
+        if slots is None:
+            return await send(req, rec, t0, session)
+        async with slots:
+            return await send(req, rec, t0, session)
+
+    async def send_holding_slot(
+        req: PlannedRequest, rec: RequestRecord, t0: float, session: aiohttp.ClientSession
+    ) -> RequestRecord:
+        try:
+            return await send(req, rec, t0, session)
+        finally:
+            if slots is not None:
+                slots.release()  # taken by the sending loop before this task was made
+
+    def new_record(req: PlannedRequest) -> RequestRecord:
+        return RequestRecord(
+            index=req.index,
+            warmup=req.warmup,
+            prompt_len=req.prompt_len,
+            max_tokens=req.max_tokens,
+            scheduled=req.scheduled,
+        )
 
     async def repetition(k: int) -> Repetition:
         # a new pool per repetition: each starts from fresh connections, as a separate run would.
         # no connection cap beyond max_concurrency: the semaphore, not the pool, decides who waits
         connector = aiohttp.TCPConnector(limit=0)
         label = "bench" if config.repeat == 1 else f"bench {k + 1}/{config.repeat}"
-        bar = _progress_bar(n, show_progress, label)
+        bar = _progress_bar(None if config.duration_s is not None else n, show_progress, label)
+        # the same seed each time: every repetition sends the same requests; the warm-up goes once
+        plan = planned_requests(config, warmup=k == 0)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
-            warm_records = [new_record(i, True, 0.0) for i in range(n_warm)] if k == 0 else []
-            if warm_records:
+            warm_records: list[RequestRecord] = []
+            if k == 0 and n_warm:
+                warm = list(itertools.islice(plan, n_warm))
+                warm_records = [new_record(req) for req in warm]
                 t_warm = time.perf_counter()
-                await asyncio.gather(*(one(r.index, r, t_warm, session) for r in warm_records))
+                await asyncio.gather(
+                    *(send_in_slot(req, rec, t_warm, session) for req, rec in zip(warm, warm_records, strict=True))
+                )
+                del warm  # their prompts are no longer needed
 
-            records = [new_record(n_warm + j, False, offsets[j]) for j in range(n)]
-            tasks: list[asyncio.Task[RequestRecord]] = []
+            records: list[RequestRecord] = []
+            in_flight: set[asyncio.Task[RequestRecord]] = set()
             failed = 0
 
             def on_done(task: asyncio.Task[RequestRecord]) -> None:
                 nonlocal failed
+                in_flight.discard(task)  # a finished task is not kept: its record is in `records`
                 if bar is None or task.cancelled() or task.exception() is not None:
                     return
                 if not task.result().ok:
@@ -115,19 +148,33 @@ async def run_benchmark(config: BenchConfig, *, progress: bool | None = None) ->
                     bar.set_postfix(failed=failed, refresh=False)
                 bar.update(1)
 
+            measured = build_ahead(plan)
+            limit = config.duration_s
             t0 = time.perf_counter()
             try:
-                for rec in records:
-                    delay = t0 + rec.scheduled - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    task = asyncio.create_task(one(rec.index, rec, t0, session))
+                for req in measured:
+                    if limit is not None and req.scheduled >= limit:
+                        break
+                    delay = t0 + req.scheduled - time.perf_counter()
+                    # always yield: with no gap to wait (rate inf) the requests already sent start running,
+                    # and the duration below is checked against a clock that moves
+                    await asyncio.sleep(delay if delay > 0 else 0)
+                    if slots is not None:
+                        await slots.acquire()  # here, not in the task: waiting requests are not built ahead
+                    if limit is not None and time.perf_counter() - t0 >= limit:
+                        if slots is not None:
+                            slots.release()
+                        break
+                    rec = new_record(req)
+                    records.append(rec)
+                    task = asyncio.create_task(send_holding_slot(req, rec, t0, session))
+                    in_flight.add(task)
                     task.add_done_callback(on_done)
-                    tasks.append(task)
-                await asyncio.gather(*tasks)
+                while in_flight:
+                    await asyncio.gather(*in_flight)
             finally:
-                for task in tasks:
-                    task.cancel()  # no-op for finished tasks; frees connections if we are being cancelled
+                for task in list(in_flight):
+                    task.cancel()  # frees connections if we are being cancelled
                 if bar is not None:
                     bar.close()
             duration = time.perf_counter() - t0
@@ -165,7 +212,7 @@ def benchmark(config: BenchConfig, *, progress: bool | None = None) -> BenchResu
     return asyncio.run(run_benchmark(config, progress=progress))
 
 
-def _progress_bar(total: int, enabled: bool, label: str) -> Any:
+def _progress_bar(total: int | None, enabled: bool, label: str) -> Any:
     if not enabled:
         return None
     try:

@@ -7,6 +7,7 @@
         --max-concurrency 32 --input-len uniform:64-256 --output-len 128 \\
         --seed 0 --warmup 8 --goodput ttft:500 tpot:50 --percentiles 90 99 \\
         --timeout 60 --repeat 3 --save-result run.json --plot run.png
+    perfsdk bench serve ... --num-prompts 100000000 --request-rate 20 --duration 600
     perfsdk bench compare before.json after.json
 
 ``serve`` prints the summary table and exits 0, even when some requests
@@ -14,7 +15,12 @@ failed (failures are counted and shown with their reasons); it exits 1 only
 when every request of a repetition failed, so that a script notices a dead
 server. ``--repeat N`` sends the same load N times (same seed: the same
 requests on the same schedule) and records every repetition; the table then
-also shows their spread. ``compare`` prints the delta table, with a 95 %
+also shows their spread. Requests are built as they are sent, so a huge
+``--num-prompts`` costs nothing up front; ``--duration S`` stops sending S
+seconds after the first request (those in flight finish). A response may send
+at most ``--max-chunks`` text chunks (default 4 x its max_tokens + 64); a
+stream past that, or past ``--timeout``, fails as ``too_many_chunks`` or
+``timeout`` and keeps a summary of its gaps, not every gap. ``compare`` prints the delta table, with a 95 %
 interval per delta when the files hold repetitions ("within noise" when it
 contains 0), and exits 0; a file that is missing or not a saved run exits 2.
 """
@@ -89,6 +95,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="N",
         help="send the same load N times and record each (default 1; use 3 for `bench compare`/`regress`)",
     )
+    s.add_argument(
+        "--max-chunks",
+        type=positive_int(10**9),
+        default=None,
+        metavar="N",
+        help="text chunks one response may send before it is stopped and failed (default 4 x max_tokens + 64)",
+    )
+    s.add_argument(
+        "--duration",
+        type=finite_float(0, DAY_S, open_low=True, what="a number of seconds"),
+        default=None,
+        metavar="SECONDS",
+        help="stop sending new requests this long after the first (per repetition); default: send all",
+    )
     s.add_argument("--save-result", metavar="PATH", default=None, help="write config, records, summary as JSON")
     s.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of latencies and tokens/s")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -133,6 +153,8 @@ def _serve(args: argparse.Namespace) -> int:
         plot=args.plot,
         progress=not args.no_progress,
         repeat=args.repeat,
+        max_chunks=args.max_chunks,
+        duration_s=args.duration,
     )
     result = benchmark(config)
     print(result.format())
