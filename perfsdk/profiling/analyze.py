@@ -109,25 +109,30 @@ from perfsdk.profiling.trace_events import DEFAULT_MAX_BYTES, Event, Trace, load
 
 __all__ = [
     "COMM_BOUND_MIN_SHARE",
+    "COMPUTE_KERNEL_MIN_US",
     "COPY_BOUND_MIN_SHARE",
+    "DEFAULT_MAX_BYTES",
     "HEALTHY_BUSY_FRACTION",
     "LAUNCH_BOUND_MIN_SHARE",
     "PERFSDK_STEP_NAMES",
     "PHASES",
     "SYNC_BOUND_MIN_PER_STEP",
+    "SYNC_SLACK_US",
     "Diagnosis",
+    "Event",
     "Finding",
     "Gap",
+    "KernelCheck",
     "StepCost",
     "StepStats",
+    "StepTotals",
+    "Trace",
     "Unprofiled",
     "analyze_trace",
     "findings_lines",
+    "load_trace",
     "step_phase",
 ]
-
-# importable from here as before the split (the thresholds' reasons are beside them, in their modules)
-_REEXPORTED = (COMPUTE_KERNEL_MIN_US, SYNC_SLACK_US, DEFAULT_MAX_BYTES, Event, Trace, load_trace)
 
 
 @dataclass
