@@ -33,11 +33,29 @@ def cpu_trace(steps: int = 3) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i in range(steps):
         t0 = i * 1000.0
-        out.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "ts": t0, "dur": 900.0,
-                    "pid": 1, "tid": 1})
+        out.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{i}",
+                "ts": t0,
+                "dur": 900.0,
+                "pid": 1,
+                "tid": 1,
+            }
+        )
         for k in range(2):
-            out.append({"ph": "X", "cat": "cpu_op", "name": "aten::_local_scalar_dense", "ts": t0 + 100 + 300 * k,
-                        "dur": 50.0, "pid": 1, "tid": 1})
+            out.append(
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": "aten::_local_scalar_dense",
+                    "ts": t0 + 100 + 300 * k,
+                    "dur": 50.0,
+                    "pid": 1,
+                    "tid": 1,
+                }
+            )
     return out
 
 
@@ -54,8 +72,9 @@ CASES = diagnoses()
 
 
 @pytest.mark.parametrize(("source", "kwargs"), [c[1] for c in CASES], ids=[c[0] for c in CASES])
-def test_a_diagnosis_adds_its_steps_up_once(source: Any, kwargs: dict[str, Any],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_diagnosis_adds_its_steps_up_once(
+    source: Any, kwargs: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[int] = []
     real = StepTotals.of
 
