@@ -39,6 +39,11 @@ def test_ladder_on_cpu_writes_the_table_the_log_and_the_plot(tmp_path: Path) -> 
     assert "compile: skipped: torch.compile" in table  # and why
 
     result = json.loads((out / "ladder.json").read_text())
+    # the file is the typed rows (perfsdk.demo.ladder_rows), key for key and in order
+    from perfsdk.demo.ladder_rows import RungRow
+
+    for r in result["rungs"]:
+        assert json.dumps(RungRow.from_dict(r).to_dict()) == json.dumps(r)
     ran = [r for r in result["rungs"] if not r.get("skipped")]
     assert [r["rung"] for r in ran] == ["eager", "graph", "int8"]
     for r in ran:

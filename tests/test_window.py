@@ -721,7 +721,9 @@ def decode_and_prefill_trace() -> list[dict[str, Any]]:
 
 def test_the_window_verdict_is_about_its_decode_steps_not_a_prefill_it_caught(mon: perfsdk.Monitor,
                                                                                tmp_path: Path) -> None:
-    from perfsdk.demo.ladder import _profile, short_advice
+    from perfsdk.demo.ladder import short_advice
+    from perfsdk.demo.ladder_rows import RungRow
+    from perfsdk.demo.ladder_rung import profile_of
     from perfsdk.profiling.window import CaptureResult
 
     trace = tmp_path / "mixed.pt.trace.json.gz"
@@ -736,7 +738,7 @@ def test_the_window_verdict_is_about_its_decode_steps_not_a_prefill_it_caught(mo
     assert "already replays a CUDA graph" in d["findings"][0]["suggestion"]  # ... so graphs are not the advice
     assert "already replays a CUDA graph" in line or "move the host work" in line
     # the ladder's table takes the same verdict, and its "next" follows it
-    row = {"rung": "graph", "profile": _profile(CaptureResult(id=1, mode="torch", trigger="ladder", steady=True,
-                                                              steps=3, trace=str(trace), diagnosis=d))}
-    assert row["profile"]["kind"] == "launch_bound"
+    row = RungRow(rung="graph", profile=profile_of(CaptureResult(id=1, mode="torch", trigger="ladder", steady=True,
+                                                                 steps=3, trace=str(trace), diagnosis=d)))
+    assert row.profile is not None and row.profile.kind == "launch_bound"
     assert short_advice(row) == "overlap host work, batch more"

@@ -464,6 +464,11 @@ class GraphEngine(Engine):
         self.capture_seconds += time.perf_counter() - t0
         return g
 
+    @property
+    def graph_count(self) -> int:
+        """CUDA graphs captured so far: one per (padded batch, attention length) replayed; 0 without graphs."""
+        return len(self._graphs)
+
     @torch.inference_mode()
     def warm_up(self, max_length: int | None = None) -> None:
         """Compile and capture every (padded batch, attention length) step up to *max_length* rows.

@@ -17,7 +17,8 @@ at the end — and ``export(path)`` later on a background thread:
 Files: :func:`trace_name` gives ``perfsdk-<host>-<pid>-rank<r>-<UTC time>.pt.trace.json.gz``;
 :func:`write_trace` exports to a hidden temporary name in the same directory and renames it
 (atomic: a reader never sees half a trace); :func:`free_mb` is the disk guard's probe and
-:func:`prune` keeps the newest *keep* traces (and their ``.diagnosis.json``).
+:func:`prune` keeps the newest *keep* traces (and their ``.diagnosis.json``); :func:`refusal` says why a
+capture cannot be armed (no disk room, no CUDA for nsys) before anything starts.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ __all__ = [
     "diagnosis_path",
     "free_mb",
     "prune",
+    "refusal",
     "trace_name",
     "verdict",
+    "write_capture",
     "write_json_atomic",
     "write_trace",
 ]
@@ -198,6 +201,30 @@ def free_mb(directory: str | os.PathLike[str]) -> float:
     return shutil.disk_usage(p).free / 2**20
 
 
+def refusal(mode: str, directory: str, min_free_mb: float) -> str | None:
+    """Why a capture in *mode* cannot be armed (no disk room under *directory*, no CUDA for nsys); None if it can."""
+    if mode == "nsys":
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return "nsys: no CUDA device here; cudaProfilerStart needs one (use mode='torch')"
+        except Exception as e:
+            return f"nsys: torch with CUDA is needed ({type(e).__name__}: {e})"
+        return None
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        return f"directory: cannot create {directory}: {e.strerror or e}"
+    free = free_mb(directory)
+    if free < min_free_mb:
+        return (
+            f"disk: only {free:.0f} MiB free under {directory}, below min_free_mb="
+            f"{min_free_mb:g}; free space or lower min_free_mb"
+        )
+    return None
+
+
 def write_trace(session: Session, directory: str | os.PathLike[str], name: str) -> str:
     """Export *session*'s trace to ``directory/name`` atomically; returns the path."""
     d = Path(directory)
@@ -211,6 +238,18 @@ def write_trace(session: Session, directory: str | os.PathLike[str], name: str) 
         if tmp.exists():
             tmp.unlink()
     return str(final)
+
+
+def write_capture(session: Session, directory: str, min_free_mb: float, keep: int, rank: int | str) -> str:
+    """Write *session*'s trace under *directory* (refused below *min_free_mb* free), keep the newest *keep*."""
+    free = free_mb(directory)
+    if free < min_free_mb:
+        raise OSError(
+            f"disk: only {free:.0f} MiB free under {directory} (min_free_mb={min_free_mb:g}); trace not written"
+        )
+    trace = write_trace(session, directory, trace_name(rank))
+    prune(directory, keep)
+    return trace
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Mapping[str, Any]) -> None:

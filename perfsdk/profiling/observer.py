@@ -51,6 +51,7 @@ __all__ = [
     "StepReference",
     "Unprofiled",
     "correct_step",
+    "correct_steps",
     "observer_lines",
     "observer_summary",
 ]
@@ -176,6 +177,20 @@ def correct_step(step: Any, ref: Unprofiled, has_gpu: bool) -> Any:
         sync_blocked_us=step.sync_blocked_us * f,
         category_us={c: v * f for c, v in step.category_us.items()},
     )
+
+
+def correct_steps(
+    steps: Sequence[Any], phases: Sequence[str], refs: Mapping[str, Unprofiled], has_gpu: bool
+) -> tuple[list[Any], dict[str, dict[str, Any]]]:
+    """The basis of a diagnosis: each step (a ``StepStats`` of the phase beside it) corrected where its phase
+    has a reference, else as measured; and per phase with a reference and steps, :func:`observer_summary`."""
+    basis = [correct_step(s, refs[p], has_gpu) if p in refs else s for s, p in zip(steps, phases, strict=True)]
+    observer = {}
+    for p, ref in refs.items():
+        mine = [s for s, q in zip(steps, phases, strict=True) if q == p]
+        if mine:
+            observer[p] = observer_summary(mine, ref, has_gpu, p)
+    return basis, observer
 
 
 def observer_summary(measured: Sequence[Any], ref: Unprofiled, has_gpu: bool, phase: str) -> dict[str, Any]:

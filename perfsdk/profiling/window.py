@@ -79,6 +79,15 @@ without a reference (too few steps at that batch yet) it says that instead.
 give the bytes a decode step must read (their MBU × time × bandwidth: batch and context included), so
 the diagnosis checks the kernels against the peak bandwidth (:mod:`perfsdk.profiling.bandwidth`):
 ``memory_bound`` only near it, ``slow_kernels`` with the kernels to put under Nsight Compute otherwise.
+
+**Why this module is over 500 lines.** :class:`ProfilerWindow` is one state machine (idle, armed, ready,
+running, writing) whose transitions are taken from three threads — the collector's gate, the serving
+thread's steps, the writer — under one lock, and they are kept in one file so that each can be read
+beside the others. What is not the state machine lives beside it: the handles and results
+(:mod:`~perfsdk.profiling.capture_handle`), sessions, files and the checks before arming
+(:mod:`~perfsdk.profiling.capture`), the diagnosis of a written trace
+(:mod:`~perfsdk.profiling.window_diagnosis`), the gate (:mod:`~perfsdk.profiling.steady`) and the
+triggers (:mod:`~perfsdk.profiling.triggers`).
 """
 
 from __future__ import annotations
@@ -89,26 +98,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from perfsdk.config import check_int, check_number
 from perfsdk.errors import ConfigError
-from perfsdk.profiling.capture import (
-    NsysSession,
-    Session,
-    TorchSession,
-    diagnosis_path,
-    free_mb,
-    prune,
-    trace_name,
-    verdict,
-    write_json_atomic,
-    write_trace,
-)
+from perfsdk.profiling.capture import NsysSession, Session, TorchSession, refusal, write_capture
+from perfsdk.profiling.capture_handle import ARMED, IDLE, READY, RUNNING, WRITING, CaptureHandle, CaptureResult
 from perfsdk.profiling.observer import StepReference, Unprofiled
 from perfsdk.profiling.steady import SteadyGate
 from perfsdk.profiling.triggers import CaptureBudget, MbuDropDetector, SignalTrigger
+from perfsdk.profiling.window_diagnosis import decode_cost, diagnose_capture
 
 if TYPE_CHECKING:
     from perfsdk.profiling.bandwidth import StepCost
@@ -131,73 +130,6 @@ log = logging.getLogger("perfsdk")
 
 MODES = ("torch", "nsys")
 MAX_STEPS = 1000  # a trace of more steps is too large to diagnose or to open in a viewer
-
-# window states
-IDLE, ARMED, READY, RUNNING, WRITING = "idle", "armed", "ready", "running", "writing"
-
-
-@dataclass(frozen=True)
-class CaptureResult:
-    """What one capture produced; ``error`` is set when it failed (the server kept serving)."""
-
-    id: int
-    mode: str
-    trigger: str
-    steady: bool
-    steps: int
-    trace: str | None = None
-    diagnosis: dict[str, Any] | None = field(default=None, repr=False)
-    diagnosis_path: str | None = None
-    verdict: str | None = None
-    error: str | None = None
-    step_cv: float | None = None
-    batch: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class CaptureHandle:
-    """What a trigger returns: whether it was accepted (and why not), and a way to wait for it."""
-
-    def __init__(self, *, accepted: bool, reason: str | None = None, id: int = 0, mode: str = "",
-                 steps: int = 0, trigger: str = "") -> None:
-        self.accepted = accepted
-        self.reason = reason
-        self.id = id
-        self.mode = mode
-        self.steps = steps
-        self.trigger = trigger
-        self.state = ARMED if accepted else "refused"
-        self.result: CaptureResult | None = None
-        self._done = threading.Event()
-        if not accepted:
-            self._done.set()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> CaptureResult | None:
-        """The result once the capture is written and diagnosed; None on timeout or if refused."""
-        self._done.wait(timeout)
-        return self.result
-
-    def _finish(self, result: CaptureResult | None, state: str) -> None:
-        self.result = result
-        self.state = state
-        self._done.set()
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"accepted": self.accepted, "state": self.state}
-        if self.reason is not None:
-            d["reason"] = self.reason
-        if self.accepted:
-            d.update(id=self.id, mode=self.mode, steps=self.steps, trigger=self.trigger)
-        if self.result is not None:
-            d["result"] = {k: v for k, v in self.result.to_dict().items() if k != "diagnosis"}
-        return d
-
 
 class ProfilerWindow:
     """See the module docstring. Built by :meth:`perfsdk.Monitor.enable_profiler`."""
@@ -366,24 +298,7 @@ class ProfilerWindow:
 
     def _precheck(self, mode: str) -> str | None:
         """Reasons to refuse before arming: no disk room, no CUDA for nsys."""
-        if mode == "nsys":
-            try:
-                import torch
-
-                if not torch.cuda.is_available():
-                    return "nsys: no CUDA device here; cudaProfilerStart needs one (use mode='torch')"
-            except Exception as e:
-                return f"nsys: torch with CUDA is needed ({type(e).__name__}: {e})"
-            return None
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-        except OSError as e:
-            return f"directory: cannot create {self.directory}: {e.strerror or e}"
-        free = free_mb(self.directory)
-        if free < self.min_free_mb:
-            return (f"disk: only {free:.0f} MiB free under {self.directory}, below min_free_mb="
-                    f"{self.min_free_mb:g}; free space or lower min_free_mb")
-        return None
+        return refusal(mode, self.directory, self.min_free_mb)
 
     def _on_signal(self) -> None:
         try:
@@ -580,13 +495,7 @@ class ProfilerWindow:
         trace = diag = dpath = line = error = None
         try:
             if session.writes_trace:
-                free = free_mb(self.directory)
-                if free < self.min_free_mb:
-                    raise OSError(f"disk: only {free:.0f} MiB free under {self.directory} (min_free_mb="
-                                  f"{self.min_free_mb:g}); trace not written")
-                rank = self._rank
-                trace = write_trace(session, self.directory, trace_name(rank))
-                prune(self.directory, self.keep)
+                trace = write_capture(session, self.directory, self.min_free_mb, self.keep, self._rank)
                 capture_meta = {"id": handle.id, "trigger": handle.trigger, "mode": handle.mode,
                                 "steps": handle.steps, "wait": self.wait, "warmup": self.warmup,
                                 "truncated": truncated, **meta}
@@ -616,58 +525,23 @@ class ProfilerWindow:
         for a trace diagnosed on demand, the current one at ``capture["batch"]`` (default: the gate's batch).
         Returns (diagnosis dict, diagnosis path, verdict line).
         """
-        from perfsdk.profiling.analyze import analyze_trace
-
         cap = dict(capture or {})
         if "unprofiled" in cap:
             ref = Unprofiled.from_dict(cap["unprofiled"]) if cap["unprofiled"] else None
             note = str(cap.get("unprofiled_note") or "")
         else:
             ref, note = self.reference(cap.get("batch"))
-        full = analyze_trace(trace, cost={"decode": self._decode_cost(ref)},
-                             unprofiled=None if ref is None else {"decode": ref})
-        full.unprofiled_note = note
-        # the window is about its decode steps: prefills that fell inside it are recorded, not diagnosed with them
-        diagnosis = full.select("decode") or full
-        d = diagnosis.to_dict()
-        if diagnosis is not full:
-            d["phase"] = "decode"
-            d["other_steps"] = [s.to_dict() for s in full.steps if full.phase_of(s) != "decode"]
-        d["report"] = diagnosis.format_report()
-        d["capture"] = dict(cap, steady=steady)
-        dpath = diagnosis_path(trace)
-        write_json_atomic(dpath, d)
-        line = verdict(d, trace, steady)
+        d, dpath, line, diagnosis = diagnose_capture(trace, cost=self._decode_cost(ref), ref=ref, note=note,
+                                                     steady=steady, capture=cap)
         log.info("%s", line)
         if self._set_profile is not None:
             self._set_profile(diagnosis.gpu_busy_fraction, diagnosis.communication_share)
         return d, dpath, line
 
     def _decode_cost(self, ref: Unprofiled | None) -> StepCost:
-        """What a decode step at the reference's batch must read (its context recovered from the unprofiled
-        steps' bytes), against the Monitor's GPU; a cost with ``missing`` set where that is not known."""
-        from perfsdk.profiling.bandwidth import StepCost
-
-        model, hw = self._model, self._hardware
-        if model is None:
-            return StepCost(missing="the Monitor has no model (Monitor(model=...)), so a step's bytes are unknown")
-        if hw is None:
-            return StepCost(missing="the Monitor has no hardware (Monitor(hardware=...)), so there is no peak")
-        if ref is None or ref.bytes is None or ref.batch is None:
-            return StepCost(peak_bandwidth=hw.memory_bandwidth,
-                            missing="no unprofiled decode steps at this batch were priced before the window, so "
-                                    "the step's bytes are unknown")
-        from perfsdk import budget
-
-        # the bytes are the core's own (what MBU divided); the context, recovered from them, prices the FLOPs
-        context = 0
-        if model.has_attention_shape:
-            weights = budget.decode_step_bytes(model, 0)
-            context = max(round((ref.bytes - weights) / model.kv_bytes_per_token), 0)
-        cost = StepCost.decode(model, hw, batch=ref.batch, context_tokens=context, compute_dtype=self._compute_dtype)
-        return StepCost(bytes=ref.bytes, flops=cost.flops, peak_bandwidth=cost.peak_bandwidth,
-                        peak_flops=cost.peak_flops, missing=cost.missing,
-                        source=f"{cost.source}, as the unprofiled steps before the window")
+        """What a decode step at the reference's batch must read, against the Monitor's GPU (see
+        :func:`~perfsdk.profiling.window_diagnosis.decode_cost`)."""
+        return decode_cost(self._model, self._hardware, ref, self._compute_dtype)
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
