@@ -91,7 +91,8 @@ class MetricsServer:
                  write_timeout: float = WRITE_TIMEOUT) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port: expected an integer within 0..65535, got {port!r}")
-        endpoint.check_bind(addr, token, "addr", "pass token=... or bind 127.0.0.1")
+        endpoint.check_bind(addr, token, "addr", "the metrics server",
+                            "token=... to protect POST and DELETE /profile; pass a token or bind 127.0.0.1")
         self.max_connections = check_int("max_connections", max_connections, 1, 4096)
         self.read_timeout = check_number("read_timeout", read_timeout, 0, 3600, open_low=True)
         self.write_timeout = check_number("write_timeout", write_timeout, 0, 3600, open_low=True)

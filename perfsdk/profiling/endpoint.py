@@ -52,13 +52,11 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
-def check_bind(addr: str, token: str | None, what: str, remedy: str) -> None:
-    """Refuse (:class:`ConfigError`) to serve the profile endpoint on a non-loopback *addr* without a token."""
+def check_bind(addr: str, token: str | None, what: str, server: str, needs: str) -> None:
+    """Refuse (:class:`ConfigError` naming *what*) to serve the profile endpoint on a non-loopback *addr*
+    without a token."""
     if not is_loopback(addr) and not token:
-        raise ConfigError(
-            f"{what}: binding to {addr!r} (not loopback) exposes the profiler trigger, which then "
-            f"needs a bearer token: {remedy}"
-        )
+        raise ConfigError(f"{what}: binding {server} to {addr!r} (not loopback) needs {needs}")
 
 
 def bearer_ok(token: str | None, header: str | None) -> bool:
