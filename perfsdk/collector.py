@@ -8,7 +8,7 @@ GIL for every few hundred steps — and:
   and every decode step's time to the profiler window while one listens;
 * drains the request queue (:class:`~perfsdk.records.RequestQueue`): a first token is a TTFT; a
   finished request becomes a :class:`~perfsdk.sinks.RequestResult` (queue time, inter-token gaps, TPOT,
-  duration, and its span); values an engine measured itself go the same way;
+  duration, its bounded finish-reason label, and its span); values an engine measured itself go the same way;
 * hands perfsdk's own losses (records dropped, internal errors, spans dropped by a cap: the core's
   sample of step spans beyond :data:`~perfsdk.stepcore.SAMPLES` per take, the span thread's full queue)
   to the sinks as deltas, and logs each new failure site of the core once;
@@ -48,6 +48,7 @@ from perfsdk.records import (
     MeasuredRequest,
     Request,
     RequestQueue,
+    finish_reason_label,
 )
 from perfsdk.sinks import RequestResult, Sink
 from perfsdk.stepcore import StepTotals
@@ -291,13 +292,14 @@ class Collector(threading.Thread):
             e2e = tpot = None
             self.errors.count_problem("request clock", REQUEST_CLOCK)
         off = self._offset
+        raw = req.finish_reason or "stop"
         return RequestResult(
             operation=req.operation, model=self.model, parent=req._otel_parent, start_ns=req.arrival_ns + off,
             scheduled_ns=req.scheduled_ns + off if req.scheduled_ns is not None else None,
             first_token_ns=first + off if first is not None else None, end_ns=end + off,
             input_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
-            finish_reason=req.finish_reason or "stop", error=req.error, request_id=req.request_id,
-            e2e_s=e2e, ttft_s=ttft, queue_s=queue, tpot_s=tpot, itl_s=gaps,
+            finish_reason=finish_reason_label(raw, req.error), error=req.error, request_id=req.request_id,
+            e2e_s=e2e, ttft_s=ttft, queue_s=queue, tpot_s=tpot, itl_s=gaps, raw_finish_reason=raw,
         )
 
     def _measured(self, m: MeasuredRequest) -> RequestResult:
@@ -318,9 +320,9 @@ class Collector(threading.Thread):
             operation=self.operation, model=self.model, parent=None, start_ns=start + off,
             scheduled_ns=start + round(m.queue_s * 1e9) + off if m.queue_s is not None else None,
             first_token_ns=start + round(ttft * 1e9) + off if ttft is not None else None, end_ns=end + off,
-            input_tokens=m.prompt_tokens, output_tokens=m.output_tokens, finish_reason=m.finish_reason,
-            error=m.error, request_id=m.request_id, e2e_s=m.e2e_s, ttft_s=ttft, queue_s=m.queue_s, tpot_s=tpot,
-            itl_s=(),
+            input_tokens=m.prompt_tokens, output_tokens=m.output_tokens,
+            finish_reason=finish_reason_label(m.finish_reason, m.error), error=m.error, request_id=m.request_id,
+            e2e_s=m.e2e_s, ttft_s=ttft, queue_s=m.queue_s, tpot_s=tpot, itl_s=(), raw_finish_reason=m.finish_reason,
         )
 
     # ---- stats ---------------------------------------------------------------------------------------

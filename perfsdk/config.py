@@ -430,7 +430,7 @@ def metrics_endpoint(cfg: MonitorConfig, environ: Mapping[str, str] | None = Non
             raise ConfigError(f"PERFSDK_METRICS_PORT (environment): {port} plus LOCAL_RANK={local} is port "
                               f"{port + local}, beyond 65535; choose a base port of at most {65535 - local}")
         port += local
-    from perfsdk.metrics_server import is_loopback  # only here: the server module is not needed otherwise
+    from perfsdk.profiling.endpoint import is_loopback  # only here: the HTTP rules are not needed otherwise
 
     if not is_loopback(cfg.metrics_addr):
         raise ConfigError(f"PERFSDK_METRICS_ADDR (environment): serving metrics on {cfg.metrics_addr!r} (not "

@@ -1,10 +1,12 @@
-"""A small HTTP server for a Monitor: ``GET /metrics``, ``GET /health``, ``POST /profile``.
+"""A small HTTP server for a Monitor: ``GET /metrics``, ``GET /health``, and the profiler window at ``/profile``.
 
 Started by :meth:`perfsdk.Monitor.serve_metrics` on a daemon thread::
 
     srv = mon.serve_metrics(port=9400)              # 127.0.0.1:9400; port=0 picks a free port
     srv.url                                         # "http://127.0.0.1:9400"
     # curl -X POST 'http://127.0.0.1:9400/profile?steps=4&mode=torch'   -> a profiler window
+    # curl 'http://127.0.0.1:9400/profile'                              -> its state and the last result
+    # curl -X DELETE 'http://127.0.0.1:9400/profile'                    -> cancel the capture under way
 
 ``/metrics`` is the Monitor's registry in the Prometheus text format (every
 process's values when ``PROMETHEUS_MULTIPROC_DIR`` is set), fresh: each scrape
@@ -12,10 +14,25 @@ first drains the Monitor's collector (:meth:`perfsdk.Monitor.metrics_text`,
 waiting at most ``drain_timeout``, 1 s), so it holds every step and request
 that finished before it began, not only what the last export (every
 ``export_interval``) carried. Other processes' values behind
-``PROMETHEUS_MULTIPROC_DIR`` lag by at most their export interval. ``POST /profile``
-asks for one profiler-window capture; it is open on loopback, and needs
-``Authorization: Bearer <token>`` when the server binds any other address —
-binding elsewhere without a token is refused at construction.
+``PROMETHEUS_MULTIPROC_DIR`` lag by at most their export interval. ``/profile``
+is :mod:`perfsdk.profiling.endpoint`: ``POST`` arms one profiler-window capture,
+``GET`` shows the window and the last result, ``DELETE`` cancels. ``POST`` and
+``DELETE`` are open on loopback, and need ``Authorization: Bearer <token>`` when
+the server binds any other address — binding elsewhere without a token is
+refused at construction.
+
+**Stalled clients cannot deny the scrapers.** The server holds at most
+``max_connections`` connections (default 32), one handler thread each, and gives
+every client ``read_timeout`` seconds (default 5) in all for its request line and
+headers — however it trickles them — and ``write_timeout`` seconds (default 10)
+in all to take the answer. A client past either is closed and counted in
+``srv.slow_clients``. When every slot is taken, a new connection evicts the
+oldest one still sending its request (a scraper sends its request at once, so
+only an idle or trickling client is ever evicted; counted in
+``srv.slow_clients`` too); when every slot is busy answering, the new connection
+gets ``503`` and is closed at once (``srv.refused``). So idle sockets, however
+many, cost at most ``max_connections`` descriptors and threads, and a scrape
+still gets through.
 
 The server stays quiet on stderr: a client that hangs up mid-request (a scrape
 aborted by Prometheus' timeout, a health check that closes early) is counted in
@@ -32,42 +49,49 @@ stays the parent's alone (``perfsdk.Monitor`` does that for its server right aft
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
+import io
 import json
 import logging
 import os
+import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
 from perfsdk._guard import ErrorGuard
+from perfsdk.config import check_int, check_number
 from perfsdk.errors import ConfigError
+from perfsdk.profiling import endpoint
 
 __all__ = ["MetricsHost", "MetricsServer"]
 
 
 class MetricsHost(Protocol):
     """What the server needs of its Monitor (perfsdk.Monitor is one): its metrics, drained, and the
-    profiler-window trigger."""
+    profiler window's trigger, status and cancel."""
 
     def metrics_text(self, drain_timeout: float | None = ...) -> tuple[bytes, str]: ...
 
     def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api") -> Any: ...
 
+    def profile_status(self) -> dict[str, Any] | None: ...
+
+    def cancel_profile(self, reason: str = "cancelled") -> bool: ...
+
 log = logging.getLogger(__name__)
 
 
-def is_loopback(addr: str) -> bool:
-    """Whether *addr* binds loopback only (``""`` binds every interface)."""
-    if addr in ("localhost", ""):
-        return addr == "localhost"
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return False
+#: Defaults of the connection limits (see the module docstring).
+MAX_CONNECTIONS = 32
+READ_TIMEOUT = 5.0
+WRITE_TIMEOUT = 10.0
+
+
+# what perfsdk.config.metrics_endpoint checks an address with (one rule: profiling.endpoint's)
+is_loopback = endpoint.is_loopback
 
 
 class MetricsServer:
@@ -78,14 +102,16 @@ class MetricsServer:
     """
 
     def __init__(self, mon: MetricsHost, port: int = 9400, addr: str = "127.0.0.1", token: str | None = None, *,
-                 errors: ErrorGuard | None = None, drain_timeout: float = 1.0, start: bool = True) -> None:
+                 errors: ErrorGuard | None = None, drain_timeout: float = 1.0,
+                 max_connections: int = MAX_CONNECTIONS, read_timeout: float = READ_TIMEOUT,
+                 write_timeout: float = WRITE_TIMEOUT, start: bool = True) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port: expected an integer within 0..65535, got {port!r}")
-        if not is_loopback(addr) and not token:
-            raise ConfigError(
-                f"addr: binding the metrics server to {addr!r} (not loopback) needs token=... to protect "
-                "POST /profile; pass a token or bind 127.0.0.1"
-            )
+        endpoint.check_bind(addr, token, "addr", "the metrics server",
+                            "token=... to protect POST and DELETE /profile; pass a token or bind 127.0.0.1")
+        self.max_connections = check_int("max_connections", max_connections, 1, 4096)
+        self.read_timeout = check_number("read_timeout", read_timeout, 0, 3600, open_low=True)
+        self.write_timeout = check_number("write_timeout", write_timeout, 0, 3600, open_low=True)
         self._mon = mon
         self._guard = errors if errors is not None else ErrorGuard()
         self._token = token
@@ -93,6 +119,8 @@ class MetricsServer:
         self._counts_lock = threading.Lock()
         self._client_disconnects = 0
         self._failures = 0
+        self._slow = 0
+        self._refused = 0
         handler = _make_handler(self)
         try:
             self._httpd = _QuietServer((addr, port), handler, self)
@@ -153,10 +181,38 @@ class MetricsServer:
         stopper.join(timeout)
         return not stopper.is_alive()
 
+    def slow_clients(self) -> int:
+        """Connections closed because the client was too slow: its request took longer than ``read_timeout``,
+        it took longer than ``write_timeout`` to read the answer, or it was evicted, still sending its
+        request, to make room for a new connection."""
+        return self._slow
+
+    @property
+    def refused(self) -> int:
+        """Connections answered 503 and closed at once because every slot was busy answering."""
+        return self._refused
+
+    @property
+    def open_connections(self) -> int:
+        """Connections held now (at most ``max_connections``, plus evicted ones whose thread is ending)."""
+        return self._httpd.open_connections()
+
+
+    def _count(self, what: str) -> None:
+        with self._counts_lock:
+            if what == "slow":
+                self._slow += 1
+            else:
+                self._refused += 1
+
     def _request_failed(self, client: Any, exc: BaseException | None) -> None:
         # ConnectionError covers BrokenPipe, ConnectionReset and ConnectionAborted; TimeoutError a client
-        # that stalled mid-request: the client's doing, and routine for a scrape that timed out
-        if isinstance(exc, (ConnectionError, TimeoutError)):
+        # too slow (counted in slow_clients where it happened): the client's doing, and routine for a scrape
+        # that timed out
+        if isinstance(exc, TimeoutError):
+            log.debug("metrics server: client %s too slow: %s", client, exc)
+            return
+        if isinstance(exc, ConnectionError):
             with self._counts_lock:
                 self._client_disconnects += 1
             log.debug("metrics server: client %s hung up: %s", client, exc)
@@ -173,44 +229,214 @@ class MetricsServer:
         return self._mon.metrics_text(self.drain_timeout)
 
     def authorized(self, header: str | None) -> bool:
-        if self._token is None:
-            return True
-        expected = f"Bearer {self._token}"
-        return header is not None and hmac.compare_digest(header.encode(), expected.encode())
+        return endpoint.bearer_ok(self._token, header)
 
     def trigger(self, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        """``POST /profile``."""
         try:
             steps = int(query["steps"][0]) if "steps" in query else None
             mode = query["mode"][0] if "mode" in query else None
         except ValueError:
             return 400, {"error": "steps must be an integer"}
         try:
-            handle = self._mon.profile(steps=steps, mode=mode, reason="http")
-        except ConfigError as e:
-            return 400, {"error": str(e)}
+            code, info, _ = endpoint.arm(self._mon, steps, mode, "/profile")
         except Exception as e:  # a profiler problem is reported, never fatal to the server
             self._guard.record(e, "POST /profile")
             return 500, {"error": f"{type(e).__name__}: {e}"}
-        info = handle.to_dict() if hasattr(handle, "to_dict") else {"accepted": bool(handle)}
-        return (202 if info.get("accepted", True) else 409), info
+        return code, info
+
+    def profile_status(self) -> tuple[int, dict[str, Any]]:
+        """``GET /profile``."""
+        try:
+            return endpoint.status(self._mon)
+        except Exception as e:
+            self._guard.record(e, "GET /profile")
+            return 500, {"error": f"{type(e).__name__}: {e}"}
+
+    def cancel(self) -> tuple[int, dict[str, Any]]:
+        """``DELETE /profile``."""
+        try:
+            return endpoint.cancel(self._mon, "/profile")
+        except Exception as e:
+            self._guard.record(e, "DELETE /profile")
+            return 500, {"error": f"{type(e).__name__}: {e}"}
+
+
+class _Conn:
+    """One accepted connection: its socket, and whether its request has been read (then it is being answered)."""
+
+    __slots__ = ("answering", "deadline", "evicted", "sock")
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.answering = False
+        self.evicted = False
 
 
 class _QuietServer(ThreadingHTTPServer):
-    """``ThreadingHTTPServer`` whose request errors go to the owner, not to ``traceback.print_exc()``."""
+    """``ThreadingHTTPServer`` with bounded connections, and request errors that go to the owner, not to
+    ``traceback.print_exc()``."""
 
     daemon_threads = True
+    block_on_close = False  # server_close() wakes every handler (shuts its socket down) instead of joining it
+    request_queue_size = 64  # listen backlog: a burst of connections waits for accept() rather than being reset
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], owner: MetricsServer) -> None:
         self._owner = owner
+        self._conns: dict[socket.socket, _Conn] = {}  # in accept order: the first still reading is the oldest
+        self._conns_lock = threading.Lock()
         super().__init__(address, handler)
+
+    def open_connections(self) -> int:
+        with self._conns_lock:
+            return len(self._conns)
+
+    def conn(self, sock: socket.socket) -> _Conn | None:
+        with self._conns_lock:
+            return self._conns.get(sock)
+
+    def start_answering(self, sock: socket.socket) -> bool:
+        """The request has been read: its connection may no longer be evicted (False if it was meanwhile)."""
+        with self._conns_lock:
+            c = self._conns.get(sock)
+            if c is None or c.evicted:
+                return False
+            c.answering = True
+            return True
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        owner = self._owner
+        refuse = False
+        with self._conns_lock:
+            live = [c for c in self._conns.values() if not c.evicted]
+            if len(live) >= owner.max_connections:
+                # the oldest connection still sending its request: idle or trickling (a scraper sends at once)
+                victim = next((c for c in live if not c.answering), None)
+                if victim is None or len(self._conns) >= 2 * owner.max_connections:
+                    refuse = True
+                else:
+                    victim.evicted = True
+                    try:
+                        victim.sock.shutdown(socket.SHUT_RDWR)  # wakes its handler: its read ends at once
+                    except OSError:
+                        pass
+            if not refuse:
+                self._conns[request] = _Conn(request, time.monotonic() + owner.read_timeout)
+        if refuse:
+            owner._count("refused")
+            try:  # a fresh socket's send buffer is empty: this never blocks the accepting thread
+                request.send(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+                             b"Connection: close\r\n\r\n", socket.MSG_DONTWAIT)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:  # no thread for it (the process is out of threads): close it, keep accepting
+            self.handle_error(request, client_address)
+            self.shutdown_request(request)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._conns_lock:
+            self._conns.pop(request, None)
+        super().shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._conns_lock:
+            socks = list(self._conns)
+        for sock in socks:  # each handler's read or write ends at once; its thread closes the socket
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # socketserver calls this from inside the except block: the exception is the current one
         self._owner._request_failed(client_address, sys.exc_info()[1])
 
 
+class _RequestReader(io.RawIOBase):
+    """The socket's read side, under one deadline for the whole request (line and headers), however the
+    client trickles it: each read waits at most the time left, and none starts once it has passed."""
+
+    def __init__(self, server: _QuietServer, sock: socket.socket) -> None:
+        self._server = server
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        conn = self._server.conn(self._sock)
+        if conn is None:
+            return 0
+        left = conn.deadline - time.monotonic()
+        if left <= 0 or conn.evicted:
+            raise self._stalled(conn)
+        self._sock.settimeout(left)
+        try:
+            n = self._sock.recv_into(buf)
+        except TimeoutError:
+            raise self._stalled(conn) from None
+        except OSError:
+            if conn.evicted:
+                raise self._stalled(conn) from None
+            raise
+        if n == 0 and conn.evicted:
+            raise self._stalled(conn)
+        return n
+
+    def _stalled(self, conn: _Conn) -> TimeoutError:
+        # BaseHTTPRequestHandler ends the connection quietly on a TimeoutError while it reads the request
+        self._server._owner._count("slow")
+        why = "evicted for a new connection" if conn.evicted else "read_timeout passed"
+        return TimeoutError(f"the request was not complete: {why}")
+
+
+class _SocketWriter(io.BufferedIOBase):
+    """The socket's write side: ``sendall`` under the socket's timeout (``write_timeout`` for the whole answer)."""
+
+    def __init__(self, owner: MetricsServer, sock: socket.socket) -> None:
+        self._owner = owner
+        self._sock = sock
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        try:
+            self._sock.sendall(b)
+        except TimeoutError:
+            # counted here: BaseHTTPRequestHandler ends the connection quietly on a TimeoutError
+            self._owner._count("slow")
+            raise
+        with memoryview(b) as view:
+            return view.nbytes
+
+
 def _make_handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        def setup(self) -> None:
+            # StreamRequestHandler.setup, with a reader under the request's deadline
+            httpd: _QuietServer = self.server  # type: ignore[assignment]
+            self.connection = self.request
+            self.rfile = io.BufferedReader(_RequestReader(httpd, self.connection))
+            self.wfile = _SocketWriter(server, self.connection)
+
+        def parse_request(self) -> bool:
+            if not super().parse_request():
+                return False
+            httpd: _QuietServer = self.server  # type: ignore[assignment]
+            if not httpd.start_answering(self.connection):
+                self.close_connection = True
+                return False
+            # the request is read (perfsdk reads no body): from here on the socket only writes, all within this
+            self.connection.settimeout(server.write_timeout)
+            return True
+
         def log_message(self, format: str, *args: Any) -> None:  # quiet: scrapes every few seconds
             pass
 
@@ -222,7 +448,7 @@ def _make_handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def _json(self, code: int, obj: dict[str, Any]) -> None:
-            self._send(code, json.dumps(obj).encode(), "application/json")
+            self._send(code, json.dumps(obj, default=str).encode(), "application/json")
 
         def do_GET(self) -> None:
             path = urlparse(self.path).path
@@ -236,6 +462,8 @@ def _make_handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
                 self._send(200, body, ctype)
             elif path in ("/health", "/"):
                 self._json(200, {"status": "ok"})
+            elif path == "/profile":
+                self._json(*server.profile_status())
             else:
                 self._json(404, {"error": f"no route {path}; try /metrics"})
 
@@ -249,5 +477,15 @@ def _make_handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
                 return
             code, obj = server.trigger(parse_qs(url.query))
             self._json(code, obj)
+
+        def do_DELETE(self) -> None:
+            url = urlparse(self.path)
+            if url.path != "/profile":
+                self._json(404, {"error": f"no route {url.path}; DELETE /profile cancels a profiler capture"})
+                return
+            if not server.authorized(self.headers.get("Authorization")):
+                self._json(401, {"error": "missing or wrong bearer token"})
+                return
+            self._json(*server.cancel())
 
     return Handler

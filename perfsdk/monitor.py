@@ -538,6 +538,14 @@ class Monitor:
         w = self._window if self._window is not None else self.enable_profiler()
         return w.trigger(steps=steps, mode=mode, reason=reason, steady=steady)
 
+    def profile_status(self) -> dict[str, Any] | None:
+        """The profiler window's state, the capture under way and the last result; None without a window."""
+        return None if self._window is None else self._window.status()
+
+    def cancel_profile(self, reason: str = "cancelled") -> bool:
+        """Cancel the capture under way (armed: now; running: at the next step); False if there is none."""
+        return False if self._window is None else bool(self._window.cancel(reason))
+
     def window_deps(self) -> tuple[ErrorGuard, Callable[[float | None, float | None], None] | None, str]:
         """What a profiler window needs from its Monitor: the error guard, the profile gauges' setter
         (GPU busy and communication fractions of the last capture), the rank."""

@@ -36,6 +36,7 @@ from perfsdk.errors import ConfigError
 
 __all__ = [
     "DECODE",
+    "FINISH_REASONS",
     "HOST",
     "MAX_COUNT",
     "MIXED",
@@ -54,6 +55,8 @@ __all__ = [
     "RequestQueue",
     "StepRecord",
     "check_count",
+    "disconnect_reason",
+    "finish_reason_label",
     "lens_summary",
     "negative_seconds",
     "seconds_list",
@@ -310,6 +313,34 @@ class RequestQueue:
         self.errors.record(ConfigError(problem), where)
 
 
+# ---- finish reasons ----------------------------------------------------------------------------
+#: The values of the request counter's ``finish_reason`` label: the OpenAI / GenAI semantic-convention reasons,
+#: vLLM's ``abort`` (the client went away, or the engine dropped the request), ``cancelled`` (the task serving
+#: it was cancelled), ``error``, and ``other`` for anything else (a bounded label, whatever an engine passes).
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "abort", "cancelled", "error", "other")
+
+
+def finish_reason_label(reason: str, error: str | None) -> str:
+    """The ``finish_reason`` label of a finished request: ``error`` when it failed, else *reason* when it is
+    one of :data:`FINISH_REASONS`, else ``other``."""
+    if error is not None:
+        return "error"
+    r = reason.strip().lower() if isinstance(reason, str) else ""
+    return r if r in FINISH_REASONS else "other"
+
+
+def disconnect_reason(exc: BaseException) -> str | None:
+    """``"abort"`` for a :class:`GeneratorExit` (a streaming response closed because its client went away),
+    ``"cancelled"`` for a cancellation (asyncio's or concurrent.futures' ``CancelledError``, trio's
+    ``Cancelled``), None for a real error."""
+    if isinstance(exc, GeneratorExit):
+        return "abort"
+    for k in type(exc).__mro__:  # by name: importing asyncio here would cost every process perfsdk starts in
+        if k.__name__ == "CancelledError" or (k.__name__ == "Cancelled" and k.__module__.startswith("trio")):
+            return "cancelled"
+    return None
+
+
 _FINISH_LOCK = threading.Lock()  # finish() is once per request; a lock per request would cost more than one
 
 
@@ -403,9 +434,11 @@ class Request:
                t_ns: int | None = None) -> None:
         """Record the end (``"stop"``, ``"length"``, ``"abort"``, …, or an error); later calls are ignored.
 
-        A *t_ns* before the request's arrival or its last token is refused (counted, the request finishes now
-        instead). A clock that went backwards past either makes no negative duration either: the collector
-        observes neither the request's duration nor its TPOT then, and counts it.
+        An *error* that is a client going away is not an error: a :class:`GeneratorExit` (a streaming response
+        closed mid-stream) finishes the request as ``"abort"``, a ``CancelledError`` as ``"cancelled"``
+        (:func:`disconnect_reason`). A *t_ns* before the request's arrival or its last token is refused
+        (counted, the request finishes now instead). A clock that went backwards past either makes no negative
+        duration either: the collector observes neither the request's duration nor its TPOT then, and counts it.
         """
         q = self._q
         t = _time_arg(q, "request.finish", t_ns)
@@ -421,6 +454,8 @@ class Request:
             if self.finish_ns is not None:
                 return
             self.finish_ns = t
+        if isinstance(error, BaseException) and (gone := disconnect_reason(error)) is not None:
+            error, reason = None, gone
         if error is not None:
             self.error = error if isinstance(error, str) else type(error).__qualname__
             reason = "error" if reason == "stop" else reason
@@ -435,7 +470,7 @@ class Request:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        if exc is not None:
+        if exc is not None:  # a client that went away finishes as "abort" / "cancelled" (finish() tells them apart)
             self.finish("error", error=exc)
         else:
             self.finish("stop")

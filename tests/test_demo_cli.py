@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,94 @@ def test_serve_keeps_serving_after_the_report_until_ctrl_c() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ---- issue 20, item 7: SIGTERM as clean as Ctrl-C; no open profiler trigger off loopback -------------------
+
+
+def _start(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    """``perfsdk demo ARGS`` in a subprocess; returns it and its base URL once it serves."""
+    extra = env or {}
+    env = {k: v for k, v in os.environ.items() if k != "PERFSDK_PROFILE_TOKEN"}
+    env.update(PYTHONUNBUFFERED="1", **extra)
+    cmd = [sys.executable, "-m", "perfsdk.cli", "demo", *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        found = re.search(r"serving at (http://\S+)", line)
+        if found:
+            return proc, found.group(1)
+    proc.kill()
+    raise AssertionError(f"the demo never said where it serves: {proc.communicate()}")
+
+
+def test_sigterm_while_serving_stops_as_cleanly_as_ctrl_c_and_off_loopback_the_trigger_needs_the_token() -> None:
+    """Before: SIGTERM killed the demo with the default action (no shutdown, no message, exit -15), and
+    --host 0.0.0.0 exposed POST /debug/profile to anyone."""
+    import httpx
+
+    proc, url = _start("--serve", "--host", "0.0.0.0", "--port", "0", "--duration", "1", "--no-calibrate",
+                       env={"PERFSDK_PROFILE_TOKEN": "s3cret"})
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "still serving" in line:
+                break
+        url = url.replace("0.0.0.0", "127.0.0.1")
+        assert httpx.post(f"{url}/debug/profile", timeout=30).status_code == 401
+        assert httpx.delete(f"{url}/debug/profile", timeout=30).status_code == 401
+        ok = {"Authorization": "Bearer s3cret"}
+        assert httpx.post(f"{url}/debug/profile", headers=ok, timeout=30).status_code == 202
+        assert httpx.get(f"{url}/debug/profile", timeout=30).json()["state"] in ("armed", "ready", "running")
+        assert httpx.delete(f"{url}/debug/profile", headers=ok, timeout=30).status_code == 200
+        proc.send_signal(signal.SIGTERM)  # what kill, docker stop and systemd send
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err[-3000:]
+        assert "stopped (SIGTERM)" in err
+        assert "Traceback" not in err
+        assert "Where to look next" in out  # the report, printed before it kept serving
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigterm_during_the_load_prints_the_report_so_far_and_exits_143() -> None:
+    import httpx
+
+    proc, url = _start("--duration", "120", "--no-calibrate")
+    try:
+        # wait until the server has finished a few requests of the load (its own /metrics says so)
+        def finished() -> float:
+            text = httpx.get(f"{url}/metrics", timeout=30).text
+            found = re.search(r'^gen_ai_server_request_duration_seconds_count\{[^}]*\} (\S+)$', text, re.MULTILINE)
+            return float(found.group(1)) if found else 0.0
+
+        deadline = time.monotonic() + 120
+        while finished() < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert finished() >= 3
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    positions = [out.find(h) for h in HEADINGS]
+    assert all(p >= 0 for p in positions), f"missing headings in:\n{out}"
+    assert "interrupted: SIGTERM during the load" in out
+    server = re.search(r"requests: client -, server (\d+)", out)
+    assert server is not None and int(server.group(1)) >= 3, out
+    assert "load stopped" in err and "stopped (SIGTERM); exit code 143" in err
+    assert "Traceback" not in err
+
+
+def test_binding_off_loopback_without_a_token_exits_2() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PERFSDK_PROFILE_TOKEN"}
+    proc = subprocess.run([sys.executable, "-m", "perfsdk.cli", "demo", "--host", "0.0.0.0", "--duration", "1"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "--host" in proc.stderr and "token" in proc.stderr and "PERFSDK_PROFILE_TOKEN" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "building" not in proc.stderr  # refused before anything was built

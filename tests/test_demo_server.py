@@ -358,3 +358,121 @@ def test_a_scrape_right_after_the_load_has_every_request(monkeypatch: pytest.Mon
               if line.endswith(("_count", "")) and "_count{" in line and "phase" not in line}
     assert counts["gen_ai_server_time_to_first_token_seconds_count"] == 6
     assert counts["gen_ai_server_request_duration_seconds_count"] == 6
+
+
+# ---- issue 20, item 7: undecodable input is a 400 on a connection that stays usable -------------------
+
+
+def _exchange(sock: Any, reader: Any, body: bytes, path: str = "/v1/completions") -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 request on an open keep-alive socket; (status, headers, body) of its answer."""
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    status_line = reader.readline()
+    assert status_line, "the server closed the connection"
+    status = int(status_line.split()[1])
+    headers: dict[str, str] = {}
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, reader.read(int(headers["content-length"]))
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", rb'{"prompt": "\ud800", "max_tokens": 2}', "prompt"),  # the issue's reproduction
+        ("/v1/completions", rb'{"prompt": ["ok \udfff"], "max_tokens": 2}', "prompt"),
+        ("/v1/chat/completions", rb'{"messages": [{"role": "user", "content": "hi \ud83d"}], "max_tokens": 2}',
+         "messages"),
+        ("/v1/chat/completions", rb'{"messages": [{"role": "\udc00", "content": "hi"}], "max_tokens": 2}',
+         "messages"),
+        ("/v1/chat/completions",
+         rb'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}], "max_tokens": 2}',
+         "messages"),
+        ("/v1/completions", rb'{"prompt": "x", "model": "\ud800"}', "model"),
+        ("/v1/completions", b'{"prompt": "caf\xe9", "max_tokens": 2}', None),  # Latin-1, not UTF-8
+        ("/v1/completions", b'{"prompt": "\xff\xfe"}', None),
+        ("/v1/completions", b'\xef\xbb\xbf{"prompt": "\xc3\x28"}', None),  # a BOM, then a broken sequence
+    ],
+)
+def test_undecodable_input_is_a_400_and_the_connection_stays_usable(
+        demo: DemoStack, path: str, body: bytes, param: str | None) -> None:
+    """Before: a lone surrogate in a prompt raised UnicodeEncodeError in the tokenizer: a 500, ~110 lines of
+    traceback in the log, and the keep-alive connection reset under the client's next request."""
+    import logging
+    import socket
+
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    keep = Keep(logging.ERROR)
+    loggers = [logging.getLogger(n) for n in ("uvicorn.error", "perfsdk.demo.server")]
+    for lg in loggers:
+        lg.addHandler(keep)
+    try:
+        with socket.create_connection((demo.server.host, demo.server.port), timeout=30) as s, \
+                s.makefile("rb") as reader:
+            status, headers, answer = _exchange(s, reader, body, path)
+            assert status == 400, answer
+            err = json.loads(answer)["error"]
+            assert err["type"] == "invalid_request_error" and err["param"] == param
+            assert "surrogate" in err["message"] or "UTF-8" in err["message"], err
+            assert headers.get("connection", "").lower() != "close"
+            # the same connection serves the next request
+            status, _, answer = _exchange(s, reader, b'{"prompt": "x", "max_tokens": 2}')
+            assert status == 200, answer
+            assert json.loads(answer)["usage"]["completion_tokens"] <= 2
+    finally:
+        for lg in loggers:
+            lg.removeHandler(keep)
+    assert not seen, [r.getMessage() for r in seen]
+
+
+# ---- issue 20, items 7 and 15: the profile endpoint's status, cancel and token ---------------------------
+
+
+def test_profile_endpoint_shows_the_window_and_cancels_the_capture(demo: DemoStack, tmp_path: Any) -> None:
+    base = demo.server.base_url + "/debug/profile"
+    # a gate that stays shut (10,000 warm-up steps, ten minutes): the capture stays armed whatever traffic comes
+    demo.monitor.enable_profiler(directory=str(tmp_path / "traces"), steps=2, warmup_steps=10_000,
+                                 steady_timeout_s=600.0)
+    r = httpx.get(base)
+    assert r.status_code == 200 and r.json()["enabled"] is True and r.json()["state"] == "idle"
+    first = httpx.post(base, params={"steps": 2})  # no traffic: it stays armed
+    assert first.status_code == 202, first.text
+    second = httpx.post(base)
+    assert second.status_code == 409
+    assert "GET /debug/profile" in second.json()["see"] and "DELETE /debug/profile" in second.json()["see"]
+    status = httpx.get(base).json()
+    assert status["state"] == "armed" and status["current"]["id"] == first.json()["id"]
+    cancelled = httpx.delete(base)
+    assert cancelled.status_code == 200 and cancelled.json()["cancelled"] is True
+    assert httpx.get(base).json()["state"] == "idle"
+    again = httpx.delete(base)
+    assert again.status_code == 409 and "no capture" in again.json()["reason"]
+
+
+def test_the_profile_endpoint_needs_the_token_when_one_is_set(demo: DemoStack, tmp_path: Any) -> None:
+    from perfsdk.demo.server import DemoServer, create_app
+    from perfsdk.errors import ConfigError
+
+    demo.monitor.enable_profiler(directory=str(tmp_path / "traces"), warmup_steps=10_000, steady_timeout_s=600.0)
+    app = create_app(demo.engine, demo.monitor, model_name=demo.model_name, profile_token="s3cret")
+    with DemoServer(app, port=0) as server:
+        url = server.base_url + "/debug/profile"
+        for method in ("POST", "DELETE"):
+            assert httpx.request(method, url).status_code == 401
+            assert httpx.request(method, url, headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert demo.monitor.profile_status()["state"] == "idle"
+        assert httpx.get(url).status_code == 200  # status is open, like /metrics
+        ok = {"Authorization": "Bearer s3cret"}
+        assert httpx.post(url, headers=ok).status_code == 202
+        assert httpx.delete(url, headers=ok).status_code == 200
+        # the rest of the API needs no token
+        assert httpx.post(server.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+    # off loopback without a token: refused before anything is built
+    with pytest.raises(ConfigError, match=r"--host: .*0\.0\.0\.0.*token"):
+        start_demo(size="tiny", device="cpu", host="0.0.0.0")

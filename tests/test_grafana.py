@@ -127,7 +127,8 @@ def test_dashboard_is_well_formed() -> None:
                 "perfsdk_step_flops_utilization", "perfsdk_step_bytes_total", "perfsdk_step_flops_total",
                 "perfsdk_step_tokens_total", "perfsdk_hardware_peak_bandwidth_bytes", "perfsdk_hardware_peak_flops",
                 "perfsdk_dropped_records_total", "perfsdk_internal_errors_total",
-                "perfsdk_profile_gpu_busy_fraction", "perfsdk_profile_communication_fraction"}
+                "perfsdk_profile_gpu_busy_fraction", "perfsdk_profile_communication_fraction",
+                "perfsdk_requests_total"}
     for title, expr in _targets(dash):
         for name in re.findall(r"\b((?:gen_ai|perfsdk)_[a-z_]+)", expr):
             base = re.sub(r"_(bucket|sum|count)$", "", name)
@@ -205,6 +206,7 @@ def test_every_panel_query_and_recording_rule_runs_on_a_real_prometheus(
     # no drops, no errors)
     must = ("Decode MBU", "Prefill MFU", "Decode step time p50", "Step time by phase", "Tokens per second",
             "Time to first token", "Time per output token", "Queue time", "Requests per second", "Request duration",
+            "How requests ended",
             "Decode MBU by rank", "Decode step time by rank", "perfsdk targets up", "Decode steps per second by rank")
     for key, res in results.items():
         if key.startswith(must) and "mixed" not in key:
@@ -219,13 +221,16 @@ def test_every_panel_query_and_recording_rule_runs_on_a_real_prometheus(
                  "perfsdk:target:serves_perfsdk"):
         res = run(rule)
         assert res and float(res[0]["value"][1]) > 0, rule
+    # requests finish, none fails: the error share is there, and 0
+    res = run("perfsdk:request_errors:ratio_rate5m")
+    assert res and float(res[0]["value"][1]) == 0
     # the alert rules loaded and none fires on a healthy server
     rules = json.load(urllib.request.urlopen(f"{prom}/api/v1/rules", timeout=5))
     alerts = [r for g in rules["data"]["groups"] for r in g["rules"] if r["type"] == "alerting"]
     assert {a["name"] for a in alerts} == {"PerfsdkDecodeMBUDropped", "PerfsdkPrefillMFUDropped", "PerfsdkTTFTHigh",
                                            "PerfsdkImpossibleUtilization",
                                           "PerfsdkDroppingRecords", "PerfsdkInternalErrors", "PerfsdkRankDown",
-                                          "PerfsdkStraggler"}
+                                          "PerfsdkStraggler", "PerfsdkRequestErrors"}
     # one process: no rank label, and no profile taken yet, so no communication share exported (a 0 there
     # would make this the rank that waits for nobody)
     assert run("perfsdk_profile_communication_fraction") == []

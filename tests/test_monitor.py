@@ -531,7 +531,7 @@ def test_exported_metrics_are_exactly_the_documented_set() -> None:
             "perfsdk_step_flops_utilization", "perfsdk_step_bytes", "perfsdk_step_flops", "perfsdk_step_tokens",
             "perfsdk_hardware_peak_bandwidth_bytes", "perfsdk_hardware_peak_flops", "perfsdk_dropped_records",
             "perfsdk_dropped_spans", "perfsdk_internal_errors", "perfsdk_profile_gpu_busy_fraction",
-            "perfsdk_profile_communication_fraction", "perfsdk_suspect_utilization",
+            "perfsdk_profile_communication_fraction", "perfsdk_suspect_utilization", "perfsdk_requests",
         }
         text = generate_latest(h.registry).decode()
         assert "vllm:" not in text

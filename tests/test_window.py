@@ -375,6 +375,72 @@ def test_http_trigger_with_token(mon: perfsdk.Monitor, tmp_path: Path) -> None:
         srv.close()
 
 
+def http(method: str, url: str, token: str | None = None) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(url, method=method, data=b"" if method != "GET" else None)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_get_shows_the_window_and_delete_cancels_the_capture(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    """Issue 20, item 15: a second POST used to get a bare 409 with no way to see or cancel the running capture,
+    and the result was only in the log. Now GET /profile shows both and DELETE /profile cancels."""
+    srv = MetricsServer(mon, port=0, token="s3cret")
+    try:
+        code, body = http("GET", f"{srv.url}/profile")
+        assert code == 200 and body["enabled"] is False and body["state"] == "idle" and body["last"] is None
+        # no decode steps come: the capture stays armed
+        mon.enable_profiler(**fast_window(tmp_path))
+        code, first = post(f"{srv.url}/profile?steps=2", token="s3cret")
+        assert code == 202
+        code, second = post(f"{srv.url}/profile", token="s3cret")
+        assert code == 409 and "GET /profile" in second["see"] and "DELETE /profile" in second["see"]
+        code, body = http("GET", f"{srv.url}/profile")  # open, like /metrics
+        assert code == 200 and body["enabled"] is True and body["state"] == "armed"
+        assert body["current"]["id"] == first["id"] and body["current"]["trigger"] == "http"
+        assert body["current"]["steps"] == 2
+        assert http("DELETE", f"{srv.url}/profile")[0] == 401  # a cancel needs the token, like a trigger
+        assert http("DELETE", f"{srv.url}/profile", token="wrong")[0] == 401
+        assert mon._window.state == "armed"
+        code, body = http("DELETE", f"{srv.url}/profile", token="s3cret")
+        assert code == 200 and body["cancelled"] is True and body["capture"]["id"] == first["id"]
+        assert body["state"] == "idle" and body["current"] is None
+        code, body = http("DELETE", f"{srv.url}/profile", token="s3cret")
+        assert code == 409 and body["cancelled"] is False and "no capture" in body["reason"]
+        # and a capture that runs: its verdict, trace and findings are in GET afterwards, not only in the log
+        with DecodeLoop(mon):
+            code, third = post(f"{srv.url}/profile?steps=2", token="s3cret")
+            assert code == 202
+            assert wait_until(lambda: mon._window.last_result is not None, 60)
+        code, body = http("GET", f"{srv.url}/profile")
+        last = body["last"]
+        assert code == 200 and body["state"] == "idle" and body["captures"] == 1
+        assert last["id"] == third["id"] and last["error"] is None
+        assert Path(last["trace"]).exists() and last["verdict"].startswith("perfsdk profile:")
+        assert isinstance(last["findings"], list) and all("kind" in f for f in last["findings"])
+        assert "diagnosis" not in last
+    finally:
+        srv.close()
+
+
+def test_delete_stops_a_running_capture_at_the_next_step(mon: perfsdk.Monitor, tmp_path: Path) -> None:
+    mon.enable_profiler(**fast_window(tmp_path, steps=1000, max_capture_s=600))
+    srv = mon.serve_metrics(port=0)
+    with DecodeLoop(mon):
+        handle = mon.profile(steps=1000, steady=False)
+        assert wait_until(lambda: mon._window.state == "running", 30)
+        code, body = http("DELETE", f"{srv.url}/profile")
+        assert code == 200 and body["cancelled"] is True and body["capture"]["state"] == "running"
+        assert "next step" in body["note"]
+        assert handle.wait(30) is not None
+    assert handle.result is not None and handle.result.error == "cancelled over HTTP"
+    assert mon._window.state == "idle" and http("GET", f"{srv.url}/profile")[1]["current"] is None
+
+
 def test_binding_beyond_loopback_needs_a_token(mon: perfsdk.Monitor) -> None:
     with pytest.raises(ConfigError, match="addr"):
         mon.serve_metrics(port=0, addr="0.0.0.0")

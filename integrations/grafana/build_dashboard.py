@@ -180,11 +180,16 @@ def build() -> dm.Dashboard:
                "s", "Arrival to scheduled: waiting for a slot in the batch.", w=8),
             ts("Requests per second", [
                 (f"sum by (model) (rate(gen_ai_server_request_duration_seconds_count{{{SEL}}}[{RI}]))", "{{model}}")],
-               "reqps", "Finished requests per second.", w=12),
+               "reqps", "Finished requests per second.", w=8),
+            ts("How requests ended", [
+                (f"sum by (finish_reason) (rate(perfsdk_requests_total{{{SEL}}}[{RI}]))", "{{finish_reason}}")],
+               "reqps", "Finished requests per second by finish_reason: stop and length are normal ends; abort is "
+               "a client that went away (or an engine's abort), cancelled a cancelled task -- neither is a "
+               "server failure; error is one (PerfsdkRequestErrors fires on its share).", w=8),
             ts("Request duration", [
                 (quantile(0.5, "gen_ai_server_request_duration_seconds"), "p50"),
                 (quantile(0.99, "gen_ai_server_request_duration_seconds"), "p99")],
-               "s", "Arrival to finish.", w=12),
+               "s", "Arrival to finish.", w=8),
         ]),
         ("Ranks (tensor parallelism: one /metrics port per rank)", [
             ts("Decode MBU by rank", [(RANK_DECODE_MBU, "rank {{rank}} {{instance}}"),

@@ -17,6 +17,18 @@ The load is :mod:`perfsdk.bench` (Poisson arrivals at ``--request-rate`` for ``-
 so ``rate × duration`` requests unless ``--num-prompts`` says otherwise), sent over real HTTP to the
 server on loopback. The report puts what the client saw beside the server's histograms, then the
 step times, MBU/MFU and the floors for this model on this machine.
+
+``--host`` other than loopback (``--host 0.0.0.0``) needs ``--token TOKEN`` (or ``PERFSDK_PROFILE_TOKEN``):
+``POST`` and ``DELETE /debug/profile`` then need ``Authorization: Bearer TOKEN``, as the Monitor's own
+``/profile`` does off loopback; without one the demo refuses to start (exit 2).
+
+**Stopping.** SIGINT (Ctrl-C) and SIGTERM (``kill``, ``docker stop``, systemd) stop the demo the same
+clean way: the load generator is stopped, the engine, server and monitor are shut down, and
+``perfsdk demo: stopped (SIGTERM)`` goes to stderr. Exit codes: 0 when requests completed (1 when none
+did), also for ``--serve`` stopped by either signal after its report; 128 + the signal's number (130 for
+SIGINT, 143 for SIGTERM) when a signal stops it before the report: during the load, the report of what
+the server measured so far is printed first (client columns empty, marked interrupted). A second signal
+while it is stopping exits at once with the same code.
 """
 
 from __future__ import annotations
@@ -24,7 +36,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from perfsdk.cli._args import DAY_S, PORT, SEED, finite_float, positive_int
@@ -63,7 +81,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="port to listen on (0: any free one; default 0, 8000 with --serve)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: loopback; any other needs --token)")
+    p.add_argument("--token", default=None,
+                   help="bearer token for POST and DELETE /debug/profile (default: $PERFSDK_PROFILE_TOKEN); "
+                        "required with a --host other than loopback")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (default: auto)")
     p.add_argument("--model-size", default=None, help="tiny | small | 1b | 8b (default: tiny on CPU, 1b on CUDA)")
     p.add_argument("--engine", default="auto",
@@ -123,13 +145,88 @@ def run_ladder_cli(args: argparse.Namespace) -> int:
     return 0 if ran and all((r.get("load") or {}).get("completed") for r in ran) else 1
 
 
+class _Signalled(BaseException):
+    """SIGINT or SIGTERM, raised in the main thread (a BaseException: no ``except Exception`` swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        self.code = 128 + signum
+
+
+class _Stopper:
+    """SIGINT and SIGTERM as one clean stop (see the module docstring): the first raises :class:`_Signalled` in
+    the main thread, or waits while the report is being printed (:meth:`held`); a second one while stopping
+    exits at once. Installed only from the main thread (signal handlers live there)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self._hold = False
+        self._pending: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Stopper:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping:
+            _say(f"perfsdk demo: {signal.Signals(signum).name} again while stopping: exiting now")
+            os._exit(128 + signum)
+        if self._hold and self._pending is None:
+            self._pending = signum
+            return
+        if self._hold:  # a second one while held: as while stopping
+            _say(f"perfsdk demo: {signal.Signals(signum).name} again: exiting now")
+            os._exit(128 + signum)
+        self.stopping = True
+        raise _Signalled(signum)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """A signal that arrives in here is raised when it ends (the report is printed whole)."""
+        self._hold = True
+        try:
+            yield
+        finally:
+            self._hold = False
+            pending, self._pending = self._pending, None
+            if pending is not None and not self.stopping:
+                self.stopping = True
+                raise _Signalled(pending)
+
+
 def run_demo(args: argparse.Namespace) -> int:
     if args.ladder:
         return run_ladder_cli(args)
+    with _Stopper() as stopper:
+        try:
+            return _run_demo(args, stopper)
+        except _Signalled as s:
+            _say(f"perfsdk demo: stopped ({s.name}); exit code {s.code}")
+            return s.code
+
+
+def _run_demo(args: argparse.Namespace, stopper: _Stopper) -> int:
     from perfsdk.bench import BenchConfig
     from perfsdk.demo.report import build_report, format_report
     from perfsdk.demo.stack import resolve_device, run_load, start_demo
+    from perfsdk.profiling.endpoint import check_bind
 
+    token = args.token if args.token is not None else os.environ.get("PERFSDK_PROFILE_TOKEN")
+    token = token or None  # an empty token is none
+    # before torch is imported or a model built: a refused --host is an error at once
+    check_bind(args.host, token, "--host", "the demo",
+               "a token for POST and DELETE /debug/profile (the profiler trigger): pass --token or set "
+               "PERFSDK_PROFILE_TOKEN, or bind 127.0.0.1")
     device = resolve_device(args.device)
     kind = "cuda" if device.startswith("cuda") else "cpu"
     d_duration, d_rate, d_output, d_slots = _DEFAULTS[kind]
@@ -154,6 +251,7 @@ def run_demo(args: argparse.Namespace) -> int:
         max_batch_slots=args.max_batch or d_slots,
         calibrate=not args.no_calibrate,
         engine=args.engine,
+        profile_token=token,
     )
     try:
         base = stack.server.base_url
@@ -174,35 +272,48 @@ def run_demo(args: argparse.Namespace) -> int:
             timeout_s=max(30.0, duration),
             progress=sys.stderr.isatty() and not args.json,
         )
-        result = run_load(config)
-        stack.engine.wait_idle(timeout=10.0)
-        monitor_stats: dict[str, Any] | None = None
-        if stack.monitor is not None:
-            stack.monitor.flush(timeout=5.0)
-            monitor_stats = stack.monitor.stats()
-        load = {
-            "num_prompts": num_prompts,
-            "request_rate": rate,
-            "duration_target_s": duration,
-            "input_len": args.input_len,
-            "output_len": output_len,
-        }
-        report = build_report(stack=stack, bench=result, config=load, monitor_stats=monitor_stats)
-        if args.json:
-            print(json.dumps(report, indent=2, default=str))
-        else:
-            print(format_report(report, serving=args.serve))
-        sys.stdout.flush()
-        completed = int(result.summary.get("completed") or 0)
+        interrupted: _Signalled | None = None
+        result = None
+        try:
+            result = run_load(config)  # a signal here stops the load generator (run_load's finally) ...
+        except _Signalled as s:
+            interrupted = s  # ... and the report says what the server measured until then
+            _say(f"perfsdk demo: {s.name}: load stopped; the report holds what the server measured so far")
+        with stopper.held():
+            stack.engine.wait_idle(timeout=10.0)
+            monitor_stats: dict[str, Any] | None = None
+            if stack.monitor is not None:
+                stack.monitor.flush(timeout=5.0)
+                monitor_stats = stack.monitor.stats()
+            load = {
+                "num_prompts": num_prompts,
+                "request_rate": rate,
+                "duration_target_s": duration,
+                "input_len": args.input_len,
+                "output_len": output_len,
+            }
+            report = build_report(stack=stack, bench=result, config=load, monitor_stats=monitor_stats)
+            if interrupted is not None:
+                report["interrupted"] = (f"{interrupted.name} during the load: it was stopped; the client columns "
+                                         "are empty, the server's hold the requests that finished before")
+            if args.json:
+                print(json.dumps(report, indent=2, default=str))
+            else:
+                print(format_report(report, serving=args.serve and interrupted is None))
+            sys.stdout.flush()
+        if interrupted is not None:
+            raise interrupted
+        completed = int(result.summary.get("completed") or 0) if result is not None else 0
         if args.serve:
-            _say(f"perfsdk demo: still serving at {base}; Ctrl-C to stop")
+            _say(f"perfsdk demo: still serving at {base}; Ctrl-C (or SIGTERM) to stop")
             try:
                 stack.server.serve_forever()
-            except KeyboardInterrupt:
-                pass
+            except _Signalled as s:
+                _say(f"perfsdk demo: stopped ({s.name})")
         return 0 if completed > 0 else 1
     finally:
-        stack.close()
+        with stopper.held():  # a signal while shutting down waits for it (a second one exits at once)
+            stack.close()
 
 
 def _say(msg: str) -> None:

@@ -253,6 +253,8 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
     )
     if failed:
         lines.append(f"  failures: {load.get('failures')}")
+    if r.get("interrupted"):
+        lines.append(f"  interrupted: {r['interrupted']}")
     lines.append("")
     lines.append("Latency: client vs server (ms)")
     lines.append(f"  {'':8}{'client p50':>12}{'client p99':>12}{'server p50':>12}{'server p99':>12}")
@@ -264,7 +266,8 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
         lines.append("  (no monitor: the server columns are empty)")
     lines.append(
         f"  requests: client {_f(counts['client_completed'], '{}')}, server {counts['server_requests']}"
-        f" ({'agree' if agree else 'DISAGREE'}); output tokens: client "
+        f" ({'agree' if agree else 'DISAGREE' if counts['client_completed'] is not None else 'no client numbers'});"
+        f" output tokens: client "
         f"{_f(counts['client_output_tokens'], '{}')}, engine {counts['engine_tokens']}"
     )
     lines.append("  server quantiles are estimated from histogram buckets, as PromQL's histogram_quantile does;")

@@ -19,7 +19,11 @@ Routes (the subset of the OpenAI API that load generators and engines' benchmark
 - ``GET /v1/models``, ``GET /health``;
 - ``GET /metrics``: the monitor's Prometheus registry in the text exposition format;
 - ``POST /debug/profile?steps=4&mode=torch[&wait=60]``: arm the monitor's profiler window
-  (``Monitor.profile``), which records a few steps once traffic is steady.
+  (``Monitor.profile``), which records a few steps once traffic is steady; ``GET /debug/profile`` shows the
+  window, the capture under way and the last result (verdict, trace, findings); ``DELETE /debug/profile``
+  cancels the capture (:mod:`perfsdk.profiling.endpoint`, as the Monitor's own ``/profile``). With
+  ``create_app(..., profile_token=T)`` POST and DELETE need ``Authorization: Bearer T``;
+  :func:`perfsdk.demo.stack.start_demo` refuses to bind anything but loopback without a token.
 
 A client that disconnects mid-stream cancels its request: Starlette cancels the streaming task, the
 generator's ``finally`` calls :meth:`GenerationHandle.cancel` and the engine frees the slot before
@@ -29,8 +33,10 @@ Hostile or broken input never reaches the engine and never costs more than a sma
 memory: a body larger than ``max_body_bytes`` (default 1 MiB; the longest prompt the model takes is
 ``max_seq`` bytes of text) is refused with 413 from its ``Content-Length`` header, or as soon as a
 chunked body passes the limit, before anything is parsed or tokenized. Everything else that is wrong
-gets HTTP 400 with an OpenAI-style ``{"error": {"message", "type", "param"}}`` body naming the field:
-JSON that does not parse or nests too deeply, a ``temperature`` that is not 0 or within
+gets HTTP 400 with an OpenAI-style ``{"error": {"message", "type", "param"}}`` body naming the field, and
+the connection stays open for the client's next request: a body that is not UTF-8, text that is not valid
+Unicode (a lone surrogate such as ``"\\ud800"`` in a prompt, a message or any other field), JSON that does
+not parse or nests too deeply, a ``temperature`` that is not 0 or within
 [0.001, 2], a ``seed`` outside what ``torch.Generator`` takes, non-boolean flags, chat content parts
 that are not ``{"type": "text", "text": "..."}``. A request that still fails inside the engine fails
 alone (the engine retries its batch without it); the others keep streaming.
@@ -54,6 +60,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from perfsdk.demo.engine import MIN_TEMPERATURE, SEED_RANGE, Engine, GenerationHandle, SamplingParams
 from perfsdk.demo.tokenizer import ByteTokenizer
 from perfsdk.errors import ConfigError
+from perfsdk.profiling import endpoint
 
 __all__ = ["DemoServer", "create_app"]
 
@@ -102,6 +109,21 @@ def _bool_field(body: dict[str, Any], name: str) -> bool:
 def _clip(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_text(body: dict[str, Any]) -> None:
+    """400 naming the field when any string in *body* is not valid Unicode (a lone surrogate: JSON's
+    ``"\\ud800"`` escape parses, but no UTF-8 encodes it, so the tokenizer would fail on it later)."""
+    for key, value in body.items():
+        try:
+            json.dumps({key: value}, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = e.object[e.start:e.end] if isinstance(e.object, str) else ""
+            where = ascii(bad) if bad else "a character"
+            param = key if key.isascii() and key.isprintable() else None
+            raise _BadRequest(f"{key!a} holds {where}, a lone surrogate: not valid Unicode text", param) from None
+        except RecursionError:
+            raise _BadRequest("the request body nests JSON too deeply") from None
 
 
 def _sampling(body: dict[str, Any], *, chat: bool) -> SamplingParams:
@@ -183,10 +205,16 @@ def create_app(
     model_name: str = "demo-tiny",
     tokenizer: ByteTokenizer | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    profile_token: str | None = None,
 ) -> FastAPI:
-    """The FastAPI application serving *engine*; ``/metrics`` exports ``monitor.registry``."""
+    """The FastAPI application serving *engine*; ``/metrics`` exports ``monitor.registry``.
+
+    *profile_token*: when set, ``POST`` and ``DELETE /debug/profile`` need ``Authorization: Bearer <token>``.
+    """
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1024:
         raise ConfigError(f"max_body_bytes must be an integer >= 1024, got {max_body_bytes!r}")
+    if profile_token is not None and (not isinstance(profile_token, str) or not profile_token):
+        raise ConfigError("profile_token must be a non-empty string or None")
     tok = tokenizer or ByteTokenizer()
     app = FastAPI(title="perfsdk demo", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
@@ -211,14 +239,20 @@ def create_app(
             if total > max_body_bytes:
                 raise _BadRequest(f"the request body exceeds the limit of {max_body_bytes} bytes", status=413)
             chunks.append(chunk)
+        raw = b"".join(chunks)
         try:
-            body = json.loads(b"".join(chunks))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = json.loads(raw)
+        except UnicodeDecodeError as e:  # e.object: the bytes decoded (after a byte-order mark, if any)
+            bad = e.object[e.start:e.start + 1].hex() if isinstance(e.object, bytes) else "?"
+            raise _BadRequest(f"the request body is not UTF-8 text (byte 0x{bad} at offset {e.start}, as "
+                              f"{e.encoding})") from None
+        except json.JSONDecodeError:
             raise _BadRequest("the request body is not valid JSON") from None
         except RecursionError:  # [[[[...]]]] deeper than the parser's recursion limit
             raise _BadRequest("the request body nests JSON too deeply") from None
         if not isinstance(body, dict):
             raise _BadRequest("the request body must be a JSON object")
+        _check_text(body)
         model = body.get("model")
         if model is not None and model != model_name:
             raise _BadRequest(f"The model `{_clip(model)}` does not exist; this server has `{model_name}`.",
@@ -261,18 +295,44 @@ def create_app(
         body, ctype = await asyncio.to_thread(monitor.metrics_text)
         return Response(body, media_type=ctype)
 
-    @app.post("/debug/profile")
-    async def profile(steps: int = 4, mode: str = "torch", wait: float = 0.0) -> Response:
-        """Arm the monitor's profiler window; with ``wait=SECONDS``, answer with its verdict."""
+    profile_path = "/debug/profile"
+
+    def _unauthorized(request: Request) -> JSONResponse | None:
+        if endpoint.bearer_ok(profile_token, request.headers.get("authorization")):
+            return None
+        return _error(f"missing or wrong bearer token: POST and DELETE {profile_path} need "
+                      "'Authorization: Bearer <token>'", status=401)
+
+    @app.get("/debug/profile")
+    async def profile_status() -> Response:
+        """The window's state, the capture under way and the last result (verdict, trace, findings)."""
         if monitor is None:
             return _error("this server runs without a perfsdk monitor", status=501)
-        try:
-            handle = monitor.profile(steps=steps, mode=mode, reason="http")
-        except ConfigError as e:
-            return _error(str(e))
-        info = handle.to_dict()
-        if not info.get("accepted", True):
-            return JSONResponse(info, status_code=409)
+        code, info = endpoint.status(monitor)
+        return JSONResponse(info, status_code=code)
+
+    @app.delete("/debug/profile")
+    async def profile_cancel(request: Request) -> Response:
+        """Cancel the capture under way."""
+        if (denied := _unauthorized(request)) is not None:
+            return denied
+        if monitor is None:
+            return _error("this server runs without a perfsdk monitor", status=501)
+        code, info = endpoint.cancel(monitor, profile_path)
+        return JSONResponse(info, status_code=code)
+
+    @app.post("/debug/profile")
+    async def profile(request: Request, steps: int = 4, mode: str = "torch", wait: float = 0.0) -> Response:
+        """Arm the monitor's profiler window; with ``wait=SECONDS``, answer with its verdict."""
+        if (denied := _unauthorized(request)) is not None:
+            return denied
+        if monitor is None:
+            return _error("this server runs without a perfsdk monitor", status=501)
+        code, info, handle = endpoint.arm(monitor, steps, mode, profile_path)
+        if code == 400:
+            return _error(info["error"])
+        if code != 202:
+            return JSONResponse(info, status_code=code)
         if wait > 0:
             result = await asyncio.to_thread(handle.wait, min(wait, 300.0))
             info = handle.to_dict()  # the state after the wait, not the one at arming

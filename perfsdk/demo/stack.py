@@ -9,6 +9,7 @@
         ...                                            # send requests, read demo.monitor.stats()
 
     start_demo(size="8b", device="cuda", engine="int8")   # a rung of perfsdk.demo.rungs; "auto" by default
+    start_demo(host="0.0.0.0", profile_token="s3cret")   # off loopback: POST/DELETE /debug/profile need the token
 
 This is what ``perfsdk demo`` runs, and what the tests start. The monitor is a real
 :class:`perfsdk.Monitor` with its own Prometheus registry; its model spec is counted from the module
@@ -197,16 +198,24 @@ def start_demo(
     compile_int8: bool | None = None,
     int8_kernel: str = "auto",
     attention: str = "auto",
+    profile_token: str | None = None,
 ) -> DemoStack:
     """Build the model on *device*, wrap it in a monitor and an engine, and start serving on *port*.
 
     *engine* is a rung of :mod:`perfsdk.demo.rungs` or ``"auto"``. *model* reuses a model built
     before (:func:`build_model`; the ladder builds one for all rungs; ``"int8"`` quantises it in place).
+    *profile_token*: ``POST`` and ``DELETE /debug/profile`` need ``Authorization: Bearer <token>``; a *host*
+    other than loopback without one is refused (:class:`ConfigError`, before anything is built), as the
+    Monitor's own metrics server refuses it.
     """
     from perfsdk.demo.model import default_size
     from perfsdk.demo.rungs import build_engine, prepare_model, resolve_engine
     from perfsdk.demo.server import DemoServer, create_app
+    from perfsdk.profiling.endpoint import check_bind
 
+    check_bind(host, profile_token, "--host", "the demo",
+               "a token for POST and DELETE /debug/profile (the profiler trigger): pass --token or set "
+               "PERFSDK_PROFILE_TOKEN, or bind 127.0.0.1")
     dev = resolve_device(device)
     if model is None:
         size = size or default_size(dev)
@@ -241,7 +250,7 @@ def start_demo(
         switch = sys.getswitchinterval()
         sys.setswitchinterval(min(switch, 0.001))
     eng.start()
-    server = DemoServer(create_app(eng, mon, model_name=model_name), host=host, port=port)
+    server = DemoServer(create_app(eng, mon, model_name=model_name, profile_token=profile_token), host=host, port=port)
     try:
         server.start()
     except BaseException:

@@ -98,6 +98,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 from perfsdk.config import check_int, check_number
@@ -545,10 +546,19 @@ class ProfilerWindow:
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        """The window's state, counters, gate and automatic-trigger readings, and the last result."""
+        """The window's state, the capture under way (``current``), counters, gate and automatic-trigger
+        readings, and the last result (``last``: the result without its diagnosis, plus the diagnosis' findings)."""
         det = self._detector
+        with self._lock:
+            state, handle = self._state, self._handle
+        last = self.last_result
+        last_d = None
+        if last is not None:
+            last_d = {f.name: getattr(last, f.name) for f in fields(last) if f.name != "diagnosis"}
+            last_d["findings"] = (last.diagnosis or {}).get("findings", [])
         return {
-            "state": self._state,
+            "state": state,
+            "current": None if handle is None else handle.to_dict(),
             "hot": self.hot,
             "mode": self.mode,
             "captures": self.captures,
@@ -559,8 +569,7 @@ class ProfilerWindow:
             "mbu_baseline": det.baseline if det else None,
             "step_cv": self._gate.cv(),
             "batch": self._gate.batch,
-            "last": None if self.last_result is None else
-            {k: v for k, v in self.last_result.to_dict().items() if k != "diagnosis"},
+            "last": last_d,
         }
 
     def close(self, timeout: float | None = 10.0) -> None:

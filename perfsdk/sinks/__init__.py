@@ -34,6 +34,8 @@ class RequestResult:
     """One finished request, on the Unix-epoch clock (ns) and in seconds.
 
     ``itl_s`` are the gaps between consecutive token emissions (empty for a request an engine timed).
+    ``finish_reason`` is the bounded label (:data:`perfsdk.records.FINISH_REASONS`: ``error`` whenever *error*
+    is set, ``other`` for a reason outside the set); ``raw_finish_reason`` what the server or engine said.
     """
 
     operation: str
@@ -53,6 +55,7 @@ class RequestResult:
     queue_s: float | None
     tpot_s: float | None
     itl_s: Sequence[float]
+    raw_finish_reason: str | None = None
 
 
 class Sink(Protocol):

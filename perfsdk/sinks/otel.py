@@ -5,6 +5,12 @@ One span per request, named ``{operation} {model}`` (GenAI semantic conventions)
 spans per step (``step_span_rate``). Every span gets explicit start and end times, so building them off
 the hot path changes nothing about what they say.
 
+A request span's ``gen_ai.response.finish_reasons`` is the same bounded reason as the
+``perfsdk_requests_total{finish_reason}`` label (``stop``, ``length``, ``tool_calls``, ``content_filter``,
+``abort``, ``cancelled``, ``error``, ``other``; the engine's own word in ``perfsdk.raw_finish_reason`` where it
+differs). Only a failed request gets ``error.type`` and an error status: a client that went away
+(``abort``) or a cancelled task (``cancelled``) is not an error.
+
 Spans are built on the sink's own thread (``perfsdk-spans``) from a bounded queue: a span processor
 that exports synchronously and slowly (a ``SimpleSpanProcessor`` in front of a slow backend) holds
 back only spans, never metrics; when the queue is full new spans are dropped and counted
@@ -220,8 +226,12 @@ class OtelSink:
             "gen_ai.request.model": r.model,
             "gen_ai.usage.input_tokens": r.input_tokens,
             "gen_ai.usage.output_tokens": r.output_tokens,
+            # the bounded reason, as perfsdk_requests_total's finish_reason label has it (error only when it failed;
+            # a client that went away is "abort", a cancelled task "cancelled")
             "gen_ai.response.finish_reasons": [r.finish_reason],
         }
+        if r.raw_finish_reason is not None and r.raw_finish_reason != r.finish_reason:
+            attrs["perfsdk.raw_finish_reason"] = r.raw_finish_reason  # what the engine said, where it was mapped
         if r.ttft_s is not None:
             attrs["gen_ai.server.time_to_first_token"] = r.ttft_s
         if r.queue_s is not None:

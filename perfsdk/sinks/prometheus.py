@@ -38,7 +38,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from perfsdk.buckets import BUCKETS, DURATION, ITL, QUEUE, STEP, TPOT, TTFT, UTIL
 from perfsdk.config import multiproc_dir
 from perfsdk.errors import ConfigError
-from perfsdk.records import PHASES
+from perfsdk.records import FINISH_REASONS, PHASES
 
 if TYPE_CHECKING:
     from perfsdk.sinks import RequestResult
@@ -68,6 +68,7 @@ class MetricSet:
     duration: Histogram
     itl: Histogram
     queue: Histogram
+    requests: Counter
     step: Histogram
     mbu: Histogram
     mfu: Histogram
@@ -140,6 +141,9 @@ def _create(reg: CollectorRegistry, extra: tuple[str, ...]) -> MetricSet:
                  m, ITL_BUCKETS, "seconds"),
         queue=hist("perfsdk_request_queue", "Arrival to leaving the waiting queue (scheduled).",
                    m, QUEUE_BUCKETS, "seconds"),
+        requests=Counter("perfsdk_requests", "Finished requests by how they ended (finish_reason: stop, length, "
+                         "tool_calls, content_filter, abort = the client went away, cancelled, error, other).",
+                         ("model", "finish_reason", *extra), registry=reg),
         step=hist("perfsdk_step", "Device time of one prefill, decode or mixed step (CUDA events; host clock "
                   "when there is no GPU).", mp, STEP_BUCKETS, "seconds"),
         mbu=hist("perfsdk_step_bandwidth_utilization", "Model bandwidth utilisation of a step: bytes it must "
@@ -187,6 +191,9 @@ class PrometheusSink:
         self.duration = metrics.duration.labels(*mv)
         self.itl = metrics.itl.labels(*mv)
         self.queue = metrics.queue.labels(*mv)
+        # every reason's child now: a series at 0 from the start, so rates and ratios by reason exist before the
+        # first request of each kind (an error-ratio alert reads 0, not "no data")
+        self.requests = {r: metrics.requests.labels(model, r, *extra_values) for r in FINISH_REASONS}
         self._mv = mv  # the profile gauges' children are bound at the first capture (set_profile)
         self.step: list[Any] = []
         self.mbu: list[Any] = []
@@ -271,6 +278,7 @@ class PrometheusSink:
                 self.tpot.observe(result.tpot_s)
             if result.e2e_s is not None:
                 self.duration.observe(result.e2e_s)
+            self.requests.get(result.finish_reason, self.requests["other"]).inc()
 
     def health(self, dropped: int, errors: int) -> None:
         with self._update:
