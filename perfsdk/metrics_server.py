@@ -181,6 +181,7 @@ class MetricsServer:
         stopper.join(timeout)
         return not stopper.is_alive()
 
+    @property
     def slow_clients(self) -> int:
         """Connections closed because the client was too slow: its request took longer than ``read_timeout``,
         it took longer than ``write_timeout`` to read the answer, or it was evicted, still sending its
