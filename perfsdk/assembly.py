@@ -106,9 +106,10 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
     rank_label = (str(rank),) if rank is not None else ()
 
     # ---- sinks (OpenTelemetry first: otel=True without the SDK fails before any registry entry is made) ----
+    from perfsdk.sinks import Sink
     from perfsdk.sinks.prometheus import PrometheusSink, metric_set
 
-    sinks: list[Any] = []
+    sinks: list[Sink] = []  # typed: mypy checks each sink against the Sink protocol
     prom = otel = None
     if cfg.otel and enabled:
         from perfsdk.sinks.otel import make_otel_sink

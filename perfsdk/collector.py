@@ -4,14 +4,16 @@ Steps are counted by the step core (:mod:`perfsdk.stepcore`; in C, on a native t
 the GIL); this thread only visits it every ``export_interval`` (default 1 s) — one short turn at the
 GIL for every few hundred steps — and:
 
-* takes the step totals (:meth:`~perfsdk.stepcore.PyStepCore.take`) and hands them to every sink,
-  and every decode step's time to the profiler window while one listens;
+* takes the step totals (:meth:`~perfsdk.stepcore.PyStepCore.take`), and hands every decode step's time
+  to the profiler window while one listens;
 * drains the request queue (:class:`~perfsdk.records.RequestQueue`): a first token is a TTFT; a
   finished request becomes a :class:`~perfsdk.sinks.RequestResult` (queue time, inter-token gaps, TPOT,
   duration, its bounded finish-reason label, and its span); values an engine measured itself go the same way;
-* hands perfsdk's own losses (records dropped, internal errors, spans dropped by a cap: the core's
+* takes perfsdk's own losses (records dropped, internal errors, spans dropped by a cap: the core's
   sample of step spans beyond :data:`~perfsdk.stepcore.SAMPLES` per take, the span thread's full queue)
-  to the sinks as deltas, and logs each new failure site of the core once;
+  as deltas, and logs each new failure site of the core once;
+* puts all of it in one frozen :class:`~perfsdk.sinks.ExportBatch` and hands that to every sink, one
+  :meth:`~perfsdk.sinks.Sink.record` call each (none when the batch is empty);
 * never observes a negative duration: a request whose finish reads before its last token or its arrival
   (a clock that went backwards) has no duration or TPOT observed, and an engine's TTFT beyond its own
   end-to-end time no TPOT; each is counted in ``perfsdk_internal_errors_total`` and logged once;
@@ -25,7 +27,8 @@ GIL for every few hundred steps — and:
   for the sinks: it sees every step and request that finished before it began.
 
 When nothing happens it sleeps longer (up to :data:`IDLE_MAX`); flush and close wake it at once. A
-failing sink is counted in ``perfsdk_internal_errors_total`` and the others still get their results.
+failing sink is counted in ``perfsdk_internal_errors_total`` (exported with the next batch) and the others
+still get the batch.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from perfsdk.records import (
     RequestQueue,
     finish_reason_label,
 )
-from perfsdk.sinks import RequestResult, Sink
+from perfsdk.sinks import ExportBatch, RequestResult, Sink
 from perfsdk.stepcore import StepTotals
 
 __all__ = ["Collector", "summary"]
@@ -146,7 +149,7 @@ class Collector(threading.Thread):
         if markers:
             # a flush is waiting: count every step first, so that its steps go out in this round's one export
             self.core.sync(markers[0].timeout)
-        busy = self._export_steps()
+        steps = self._take_steps()
         _yield(0)
         ttft: list[float] = []
         itl: list[float] = []
@@ -176,35 +179,27 @@ class Collector(threading.Thread):
                     flushes.append(ev)
             except Exception as e:
                 self.errors.record(e, f"collector {type(ev).__name__}")
-        if ttft or itl:
-            busy = True
-            self._each("latencies", ttft, itl)
-        for i, r in enumerate(results):
-            busy = True
-            self._each("request", r)
-            if i & 7 == 7:
-                _yield(0)
+        busy = steps is not None or bool(ttft or itl or results)
+        self._record(self._batch(steps, ttft, itl, results))
         if busy and self.notices:  # said when it matters: an idle copy of a Monitor (a fork's) stays quiet
             for notice in self.notices:
                 log.warning("%s", notice)
             self.notices.clear()
-        self._export_health()
         for f in flushes:
             self._flush(f)
         self.rounds += 1
         return busy
 
-    def _export_steps(self) -> bool:
+    def _take_steps(self) -> StepTotals | None:
+        """The core's totals since the last take (None: no step), after feeding the profiler window."""
         # an OpenTelemetry metrics sink wants each step's values once a meter provider is set (checked each round)
-        self.core.feed_values = any(getattr(s, "wants_step_values", False) for s in self.sinks)
+        self.core.feed_values = any(s.wants_step_values for s in self.sinks)
         totals: StepTotals = self.core.take()
         self.values_dropped += totals.values_dropped
         for site, message in self.core.take_errors():
             self.errors.log_once(site, message)
         if totals.empty():
-            return False
-        _yield(0)
-        self._each("steps", totals)
+            return None
         for code, t in enumerate(totals.phases):
             for kind, counts in (("mbu", t.mbu_counts), ("mfu", t.mfu_counts)):
                 if counts and counts[-1] and (code, kind) not in self._suspect_logged:
@@ -216,7 +211,7 @@ class Collector(threading.Thread):
                     w.observe_step("decode", seconds, batch, mbu)
             except Exception as e:
                 self.errors.record(e, "profiler window feed")
-        return True
+        return totals
 
     def _log_suspect(self, code: int, kind: str, n: int) -> None:
         """A utilisation above 1 is impossible: say so once per phase and quantity, naming the peak in use."""
@@ -239,8 +234,7 @@ class Collector(threading.Thread):
         try:
             synced = self.core.sync(marker.timeout)
             if synced or not marker.sinks:
-                self._export_steps()
-                self._export_health()
+                self._record(self._batch(self._take_steps()))
             if synced and marker.sinks:
                 flushed = [s.flush(marker.timeout) for s in self.sinks]  # every sink, even after one fails
                 ok = all(flushed)
@@ -252,29 +246,35 @@ class Collector(threading.Thread):
             marker.result.append(ok)
             marker.done.set()  # flush() returns even if this failed (the failure is counted)
 
-    def _each(self, what: str, *args: Any) -> None:
-        """Call ``sink.<what>(*args)`` on every sink; one failing is counted and the others still get it."""
-        for i, s in enumerate(self.sinks):
-            if i:
-                _yield(0)
-            try:
-                getattr(s, what)(*args)
-            except Exception as e:
-                self.errors.record(e, f"{type(s).__name__}.{what}")
-
-    def _export_health(self) -> None:
-        d = self.core.dropped + self.requests.dropped - self._exported_dropped
-        e = self.errors.count + self.core.errors - self._exported_errors
-        if d > 0 or e > 0:
-            self._exported_dropped += max(d, 0)
-            self._exported_errors += max(e, 0)
-            self._each("health", max(d, 0), max(e, 0))
+    def _batch(self, steps: StepTotals | None, ttft: Sequence[float] = (), itl: Sequence[float] = (),
+               results: Sequence[RequestResult] = ()) -> ExportBatch:
+        """One export: what was taken, with perfsdk's own losses since the last export (taken now, as deltas)."""
+        d = max(self.core.dropped + self.requests.dropped - self._exported_dropped, 0)
+        e = max(self.errors.count + self.core.errors - self._exported_errors, 0)
+        self._exported_dropped += d
+        self._exported_errors += e
+        spans: list[tuple[str, int]] = []
         if self._spans_dropped is not None:
             for reason, total in self._spans_dropped().items():
                 n = total - self._exported_spans.get(reason, 0)
                 if n > 0:
                     self._exported_spans[reason] = total
-                    self._each("dropped_spans", reason, n)
+                    spans.append((reason, n))
+        return ExportBatch(steps, tuple(ttft), tuple(itl), tuple(results), d, e, tuple(spans))
+
+    def _record(self, batch: ExportBatch) -> None:
+        """Hand *batch* to every sink (none if it is empty); one failing is counted and the others still get it.
+
+        The GIL is let go of before each sink; a sink lets go of it between its own parts (:mod:`perfsdk.sinks`).
+        """
+        if batch.empty():
+            return
+        for s in self.sinks:
+            _yield(0)
+            try:
+                s.record(batch)
+            except Exception as e:
+                self.errors.record(e, f"{type(s).__name__}.record")
 
     # ---- requests ----------------------------------------------------------------------------------
     def _finished(self, req: Request) -> RequestResult:

@@ -257,14 +257,18 @@ def test_internal_failures_never_reach_the_server(caplog: pytest.LogCaptureFixtu
         prom = mon._prom
         assert prom is not None
 
-        def exploding(_: Any) -> None:
-            raise OSError("disk full")
+        real_record = prom.record
 
-        prom.steps = exploding  # type: ignore[method-assign]
+        def exploding(batch: Any) -> None:
+            if batch.steps is not None:
+                raise OSError("disk full")
+            real_record(batch)  # the batch that reports the failure
+
+        prom.record = exploding  # type: ignore[method-assign]
         with mon.prefill(tokens=8):
             pass
         h.flush()
-        del prom.steps
+        del prom.record
         with mon.prefill(tokens=8):
             pass
         assert h.count(STEP, phase="prefill") == 1

@@ -32,15 +32,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from perfsdk.records import PHASES
 from perfsdk.stepcore import StepSample
 
 if TYPE_CHECKING:
-    from perfsdk.sinks import RequestResult
-    from perfsdk.stepcore import StepTotals
+    from perfsdk.sinks import ExportBatch, RequestResult
 
 __all__ = ["OtelSink", "make_otel_sink"]
 
@@ -108,23 +106,16 @@ class OtelSink:
         return context.get_current()
 
     # ---- the Sink interface (collector thread) ------------------------------------------------------
-    def steps(self, totals: StepTotals) -> None:
-        if totals.samples and self.tracer() is not None:
-            for s in totals.samples:
+    wants_step_values = False  # spans come from the core's sampled steps
+
+    def record(self, batch: ExportBatch) -> None:
+        """Queue a span for each sampled step and each finished request (built on the span thread)."""
+        samples = batch.steps.samples if batch.steps is not None else ()
+        if (samples or batch.requests) and self.tracer() is not None:
+            for s in samples:
                 self._enqueue(s)
-
-    def latencies(self, ttft_s: Sequence[float], itl_s: Sequence[float]) -> None:
-        return None
-
-    def request(self, result: RequestResult) -> None:
-        if self.tracer() is not None:
-            self._enqueue(result)
-
-    def health(self, dropped: int, errors: int) -> None:
-        return None
-
-    def dropped_spans(self, reason: str, n: int) -> None:
-        return None
+            for r in batch.requests:
+                self._enqueue(r)
 
     def after_fork(self, usable: bool = True) -> None:
         """In a forked child: new locks, none of the parent's queued spans, the thread started anew on demand.

@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING, Any
 
 from perfsdk.buckets import DURATION, ITL, QUEUE, STEP, TPOT, TTFT, UTIL
 from perfsdk.records import PHASES
+from perfsdk.sinks import yield_gil
 
 if TYPE_CHECKING:
-    from perfsdk.sinks import RequestResult
+    from perfsdk.sinks import ExportBatch, RequestResult
     from perfsdk.stepcore import StepTotals
 
 __all__ = ["OtelMetricsSink", "make_otel_metrics_sink"]
@@ -110,10 +111,22 @@ class OtelMetricsSink:
         return self._instruments
 
     # ---- the Sink interface (collector thread) ------------------------------------------------------
-    def steps(self, totals: StepTotals) -> None:
+    def record(self, batch: ExportBatch) -> None:
+        """One export: each timed step's values, the latencies, the finished requests (GIL let go between)."""
         ins = self._ready()
-        if ins is None or not totals.values:
+        if ins is None:
             return
+        if batch.steps is not None and batch.steps.values:
+            self._steps(ins, batch.steps)
+        if batch.ttft_s or batch.itl_s:
+            yield_gil()
+            self._latencies(ins, batch.ttft_s, batch.itl_s)
+        for i, r in enumerate(batch.requests):
+            if i & 7 == 0:
+                yield_gil()
+            self._request(ins, r)
+
+    def _steps(self, ins: dict[str, Any], totals: StepTotals) -> None:
         step, mbu_h, mfu_h = ins["step"], ins["mbu"], ins["mfu"]
         attrs = self._phase_attrs
         for phase, seconds, mbu, mfu in totals.values:
@@ -124,19 +137,13 @@ class OtelMetricsSink:
             if mfu is not None:
                 mfu_h.record(mfu, a)
 
-    def latencies(self, ttft_s: Sequence[float], itl_s: Sequence[float]) -> None:
-        ins = self._ready()
-        if ins is None:
-            return
+    def _latencies(self, ins: dict[str, Any], ttft_s: Sequence[float], itl_s: Sequence[float]) -> None:
         for v in ttft_s:
             ins["ttft"].record(v, self._attrs)
         for v in itl_s:
             ins["itl"].record(v, self._attrs)
 
-    def request(self, result: RequestResult) -> None:
-        ins = self._ready()
-        if ins is None:
-            return
+    def _request(self, ins: dict[str, Any], result: RequestResult) -> None:
         a = self._attrs
         if result.queue_s is not None:
             ins["queue"].record(result.queue_s, a)
@@ -144,10 +151,8 @@ class OtelMetricsSink:
             ins["itl"].record(v, a)
         if result.tpot_s is not None:
             ins["tpot"].record(result.tpot_s, a)
-        ins["duration"].record(result.e2e_s, a)
-
-    def health(self, dropped: int, errors: int) -> None:
-        return None
+        if result.e2e_s is not None:  # None: the clock went backwards (counted by the collector), not observed
+            ins["duration"].record(result.e2e_s, a)
 
     def flush(self, timeout: float | None) -> bool:
         return True  # recorded into the SDK at once; its readers export on their own schedule

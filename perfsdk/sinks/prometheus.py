@@ -10,13 +10,29 @@ Creating metrics is idempotent per registry: two Monitors on one registry share
 one set of collectors (a second ``Histogram(...)`` with the same name would
 raise "Duplicated timeseries"). Label children are bound when a sink is built.
 
-Step metrics arrive as totals (:class:`~perfsdk.stepcore.StepTotals`): the step
-core has already counted each step into the same buckets off the GIL, and the
-sink adds the counts to each histogram child's per-bucket values and sum — what
-``observe`` would have added one step at a time, in one call per bucket. That
-uses prometheus_client's histogram internals (``_upper_bounds``, ``_buckets``,
-``_sum``), checked when the sink is built; they work the same with the
-multi-process value files.
+Each export arrives as one :class:`~perfsdk.sinks.ExportBatch`
+(:meth:`PrometheusSink.record`). Its steps are totals
+(:class:`~perfsdk.stepcore.StepTotals`): the step core has already counted each
+step into the same buckets off the GIL, and the sink adds the counts to each
+histogram child's per-bucket values and sum — what ``observe`` would have added
+one step at a time, in one call per bucket. prometheus_client has no public call
+for that (``observe`` adds one value to one bucket), so this uses its histogram
+internals (``_upper_bounds``, ``_buckets``, ``_sum``), checked when the sink is
+built; they write through prometheus_client's own value class, so they work the
+same with the multi-process value files.
+
+Why not its public route for precomputed values, a custom collector
+(``registry.register(c)``, ``c.collect()`` yielding ``HistogramMetricFamily``;
+checked against prometheus_client 0.26): with ``PROMETHEUS_MULTIPROC_DIR`` set,
+``/metrics`` is served by a ``MultiProcessCollector`` — in vLLM's API server or
+SGLang's ``/metrics`` app, another process than the one whose core counted the
+steps — and it reads only the per-process files that prometheus_client's value
+class writes when a metric's value changes. A custom collector is asked for its
+values only by a registry in its own process, so the step histograms would vanish
+from those scrapes. Keeping the internals for the directory and a custom collector
+without it would be two code paths for one histogram, and would change the
+single-process exposition (a ``HistogramMetricFamily`` has no ``_created``
+sample). So the one route stays, behind :func:`_checked`.
 
 With ``PROMETHEUS_MULTIPROC_DIR`` set, prometheus_client writes values to
 per-process files; every gauge here declares ``mostrecent`` (the hardware peaks and
@@ -39,9 +55,10 @@ from perfsdk.buckets import BUCKETS, DURATION, ITL, QUEUE, STEP, TPOT, TTFT, UTI
 from perfsdk.config import multiproc_dir
 from perfsdk.errors import ConfigError
 from perfsdk.records import FINISH_REASONS, PHASES
+from perfsdk.sinks import yield_gil
 
 if TYPE_CHECKING:
-    from perfsdk.sinks import RequestResult
+    from perfsdk.sinks import ExportBatch, RequestResult
     from perfsdk.stepcore import StepTotals
 
 __all__ = [
@@ -238,7 +255,23 @@ class PrometheusSink:
                 self.metrics.peak_flops.labels(device, dtype, *self._extra_values).set(value)
 
     # ---- the Sink interface ------------------------------------------------------------------------
-    def steps(self, totals: StepTotals) -> None:
+    wants_step_values = False  # the core's bucket counts are enough
+
+    def record(self, batch: ExportBatch) -> None:
+        """One export, each part under the registry's update lock, letting go of the GIL between parts."""
+        if batch.steps is not None:
+            self._steps(batch.steps)
+        if batch.ttft_s or batch.itl_s:
+            yield_gil()
+            self._latencies(batch.ttft_s, batch.itl_s)
+        for i, r in enumerate(batch.requests):
+            if i & 7 == 0:
+                yield_gil()
+            self._request(r)
+        if batch.dropped or batch.errors or batch.dropped_spans:
+            self._health(batch)
+
+    def _steps(self, totals: StepTotals) -> None:
         with self._update:  # one export at a time, as a scrape through update_lock() sees it
             for code, t in enumerate(totals.phases):
                 if not t.steps:
@@ -260,14 +293,14 @@ class PrometheusSink:
 
     # Every write holds the registry's update lock (as steps() does): a fork waits for it (perfsdk.monitor's
     # fork hooks), so no perfsdk thread holds a prometheus_client lock when the child is made.
-    def latencies(self, ttft_s: Sequence[float], itl_s: Sequence[float]) -> None:
+    def _latencies(self, ttft_s: Sequence[float], itl_s: Sequence[float]) -> None:
         with self._update:
             for v in ttft_s:
                 self.ttft.observe(v)
             for v in itl_s:
                 self.itl.observe(v)
 
-    def request(self, result: RequestResult) -> None:
+    def _request(self, result: RequestResult) -> None:
         with self._update:
             if result.queue_s is not None:
                 self.queue.observe(result.queue_s)
@@ -280,16 +313,14 @@ class PrometheusSink:
                 self.duration.observe(result.e2e_s)
             self.requests.get(result.finish_reason, self.requests["other"]).inc()
 
-    def health(self, dropped: int, errors: int) -> None:
+    def _health(self, batch: ExportBatch) -> None:
         with self._update:
-            if dropped > 0:
-                self.dropped.inc(dropped)
-            if errors > 0:
-                self.internal_errors.inc(errors)
-
-    def dropped_spans(self, reason: str, n: int) -> None:
-        with self._update:
-            self.metrics.dropped_spans.labels(*self._extra_values, reason).inc(n)
+            if batch.dropped > 0:
+                self.dropped.inc(batch.dropped)
+            if batch.errors > 0:
+                self.internal_errors.inc(batch.errors)
+            for reason, n in batch.dropped_spans:
+                self.metrics.dropped_spans.labels(*self._extra_values, reason).inc(n)
 
     def flush(self, timeout: float | None) -> bool:
         return True
