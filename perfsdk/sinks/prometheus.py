@@ -291,7 +291,7 @@ class PrometheusSink:
                 if t.mfu_counts[-1]:
                     self.suspect_mfu[code].inc(t.mfu_counts[-1])
 
-    # Every write holds the registry's update lock (as steps() does): a fork waits for it (perfsdk.monitor's
+    # Every write holds the registry's update lock (as _steps() does): a fork waits for it (perfsdk.monitor's
     # fork hooks), so no perfsdk thread holds a prometheus_client lock when the child is made.
     def _latencies(self, ttft_s: Sequence[float], itl_s: Sequence[float]) -> None:
         with self._update:
