@@ -201,7 +201,7 @@ class DriverEvents:
         return self._record_fn  # type: ignore[no-any-return]
 
     def record_address(self) -> int:
-        """The address of ``cuEventRecord`` itself, for the C hot path (``perfsdk._hotpath``) to call directly."""
+        """The address of ``cuEventRecord`` itself, for the C hot path (``perfsdk/csrc/hotpath.c``) to call directly."""
         return int(ctypes.cast(self._record_fn, ctypes.c_void_p).value or 0)
 
     def capture_check_address(self) -> int:
