@@ -29,7 +29,16 @@ from perfsdk.config import MAX_RANK, MonitorConfig, env_int, multiproc_dir
 from perfsdk.errors import ConfigError, MissingDependencyError
 from perfsdk.hotpath import HotState, LastEnd, ThreadSteps
 from perfsdk.model import ModelSpec
-from perfsdk.recorder import CoreEvents, Events, NativeRecorder, NoEvents, OffRecorder, PythonRecorder, Recorder
+from perfsdk.recorder import (
+    CoreEvents,
+    Events,
+    NativeRecorder,
+    NoEvents,
+    OffRecorder,
+    PythonRecorder,
+    Recorder,
+    load_native,
+)
 from perfsdk.records import RequestQueue
 
 if TYPE_CHECKING:
@@ -42,16 +51,6 @@ if TYPE_CHECKING:
 __all__ = ["Parts", "assemble", "load_native", "resolve_hardware", "resolve_model"]
 
 log = logging.getLogger("perfsdk")
-
-
-def load_native() -> Any:
-    """perfsdk's C extension (``perfsdk._native``: the hot path and the step core), or None where not built."""
-    try:
-        from perfsdk import _native
-
-        return _native
-    except ImportError:
-        return None
 
 
 def _never() -> bool:

@@ -36,9 +36,12 @@ import os
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["FORK_QUIESCE", "Recording", "close", "flush", "release", "start", "track"]
+if TYPE_CHECKING:
+    from perfsdk.metrics_server import MetricsServer
+
+__all__ = ["FORK_QUIESCE", "Recording", "bind", "close", "flush", "release", "serve", "start", "track"]
 
 log = logging.getLogger("perfsdk")
 
@@ -123,6 +126,35 @@ def start(mon: Any, cfg: Any, server: Any) -> None:
         mon._server = server
         server.start()
     track(mon)
+
+
+def bind(mon: Any, endpoint: tuple[int, str] | None) -> MetricsServer | None:
+    """The metrics server of ``PERFSDK_METRICS_PORT`` (*endpoint*: port, address), bound now and served once all
+    runs (:func:`start`): a port in use fails the constructor before any thread starts."""
+    if endpoint is None:
+        return None
+    from perfsdk.metrics_server import MetricsServer
+
+    return MetricsServer(mon, port=endpoint[0], addr=endpoint[1], errors=mon._errors, start=False)
+
+
+def serve(mon: Any, port: int | None, addr: str, token: str | None) -> MetricsServer:
+    """:meth:`perfsdk.Monitor.serve_metrics`: one metrics server per Monitor, started here."""
+    from perfsdk.errors import ConfigError, MonitorClosedError
+    from perfsdk.metrics_server import MetricsServer
+
+    if mon._closed:
+        raise MonitorClosedError(f"serve_metrics: {mon._life.reason()}; create a new Monitor to serve metrics")
+    running: MetricsServer | None = mon._server
+    if running is not None:
+        if port not in (None, 0, running.port) or addr != running.addr:
+            raise ConfigError(
+                f"serve_metrics: this Monitor already serves {running.url}; close it first to serve {addr}:{port}"
+            )
+        return running
+    server = mon._server = MetricsServer(mon, port=9400 if port is None else port, addr=addr, token=token,
+                                         errors=mon._errors)
+    return server
 
 
 def stop_recording(mon: Any, why: str) -> None:

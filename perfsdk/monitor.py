@@ -41,15 +41,11 @@ Wrap the request lifecycle (host clock: what users feel) and every prefill, deco
     mon.flush()                                         # everything recorded so far is exported
     mon.close()
 
-How it is built — "record on the hot path, compute off it":
-
-* the hot path (:mod:`perfsdk.hotpath`, in C where the extension was built) records a clock read, a
-  pooled CUDA event, an NVTX range while a tool is attached, and hands one step record
-  (:mod:`perfsdk.records`) to
-* the step core (:mod:`perfsdk.stepcore`; in C on a native thread that never takes the GIL), which
-  reads the events, prices the step and counts it into histograms; and
-* the collector thread (:mod:`perfsdk.collector`) takes the core's totals and the request events every
-  export interval and hands them to the sinks (:mod:`perfsdk.sinks`: Prometheus, OpenTelemetry).
+How it is built — "record on the hot path, compute off it" (``docs/architecture.md``): the hot path
+(:mod:`perfsdk.hotpath`, in C where built; one :mod:`perfsdk.recorder` owns its state) hands a step record
+(:mod:`perfsdk.records`) to the step core (:mod:`perfsdk.stepcore`, in C on a thread without the GIL), which
+reads the events, prices and counts the step; the collector (:mod:`perfsdk.collector`) hands the totals and
+the request events to the sinks (:mod:`perfsdk.sinks`) every export interval.
 
 Nothing here waits for the GPU, and nothing raises into serving code except the user's own exceptions
 (which propagate unchanged and are recorded as errors) and configuration mistakes at construction. A bad
@@ -203,7 +199,6 @@ class Monitor:
         endpoint = metrics_endpoint(cfg) if cfg.enabled else None
         self.config = cfg
         self._errors = ErrorGuard()
-        self._enabled = cfg.enabled
         self._life = lifecycle.Recording(cfg.enabled, cfg.service)  # .on: False once closed; calls then count
         self.service = cfg.service
         self.operation = cfg.operation
@@ -212,35 +207,27 @@ class Monitor:
         self._server: MetricsServer | None = None
         self._closed = False
         self._collector: Collector | None = None
-        server = None
-        if endpoint is not None:  # bound now, served once all runs: a port in use fails before any thread starts
-            from perfsdk.metrics_server import MetricsServer
-
-            server = MetricsServer(self, port=endpoint[0], addr=endpoint[1], errors=self._errors, start=False)
+        server = lifecycle.bind(self, endpoint)  # a port in use fails before any thread starts
         try:
             self.model = assembly.resolve_model(cfg.model if model is _UNSET else model)
             self.model_name = cfg.model_name or (self.model.name if self.model else "") or "unknown"
             self._hardware_asked = cfg.hardware if hardware is _UNSET else hardware
             self.hardware = assembly.resolve_hardware(self._hardware_asked)
             self.compute_dtype = cfg.compute_dtype or assembly.default_compute_dtype(self.model)
-            self._start(cfg, registry, prometheus, tracer_provider, meter_provider, _events, server)
+            parts = self._parts = assembly.assemble(
+                cfg, model=self.model, hardware=self.hardware, compute_dtype=self.compute_dtype,
+                model_name=self.model_name, registry=registry, prometheus=prometheus, tracer_provider=tracer_provider,
+                clock=self._clock, epoch_offset_ns=self._epoch_offset_ns, errors=self._errors, events=_events,
+                meter_provider=meter_provider)
+            self.nvtx_backend, self.rank, self.registry = parts.nvtx_backend, parts.rank, parts.registry
+            # read on every step or request: bound once (an attribute lookup fewer each time)
+            self._hot, self._requests, self._compiling = parts.hot, parts.requests, parts.hot.compiling
+            self._otel_context = parts.otel.capture_context if parts.otel is not None else None
+            if cfg.enabled:
+                lifecycle.start(self, cfg, server)
         except BaseException:
             lifecycle.abandon(self, server)  # a constructor that fails leaves nothing running
             raise
-
-    def _start(self, cfg: MonitorConfig, registry: Any, prometheus: bool, tracer_provider: Any, meter_provider: Any,
-               events: Any, server: MetricsServer | None) -> None:
-        parts = self._parts = assembly.assemble(
-            cfg, model=self.model, hardware=self.hardware, compute_dtype=self.compute_dtype,
-            model_name=self.model_name, registry=registry, prometheus=prometheus, tracer_provider=tracer_provider,
-            clock=self._clock, epoch_offset_ns=self._epoch_offset_ns, errors=self._errors, events=events,
-            meter_provider=meter_provider)
-        self.nvtx_backend, self.rank, self.registry = parts.nvtx_backend, parts.rank, parts.registry
-        # read on every step or request: bound once (an attribute lookup fewer each time)
-        self._hot, self._requests, self._compiling = parts.hot, parts.requests, parts.hot.compiling
-        self._otel_context = parts.otel.capture_context if parts.otel is not None else None
-        if self._enabled:
-            lifecycle.start(self, cfg, server)
 
     @property
     def timing(self) -> str:
@@ -294,8 +281,7 @@ class Monitor:
             return NoStep("prefill")
         return self._hot.make("prefill", batch, tokens, cached_tokens, seq_lens)  # type: ignore[no-any-return]
 
-    def decode(self, batch: int | Callable[..., int] = 1,
-               context_tokens: int | Callable[..., int] = 0) -> Step:
+    def decode(self, batch: int | Callable[..., int] = 1, context_tokens: int | Callable[..., int] = 0) -> Step:
         """One decode step: *batch* sequences, *context_tokens* = the sum of their context lengths."""
         if self._compiling():  # torch.compile traces this call: a no-op step there
             return NoStep("decode")
@@ -311,9 +297,8 @@ class Monitor:
         return self._hot.make(  # type: ignore[no-any-return]
             "mixed", decode_batch, None, context_tokens, prefill_seq_lens)
 
-    # ---- values measured elsewhere ----------------------------------------
-    # For engines that time themselves (perfsdk.engines): the values go through the same core, collector,
-    # histograms and spans as those perfsdk measures.
+    # ---- values measured elsewhere (engines that time themselves, perfsdk.engines): through the same core,
+    # collector, histograms and spans as those perfsdk measures
     def record_step(self, phase: str, seconds: float, *, batch: int = 1, tokens: int | None = None,
                     context_tokens: int = 0, seq_lens: Sequence[int] | None = None,
                     end_ns: int | None = None) -> None:
@@ -424,18 +409,7 @@ class Monitor:
         asking for another port or address then is a :class:`~perfsdk.errors.ConfigError`; on a closed Monitor a
         :class:`~perfsdk.errors.MonitorClosedError`.
         """
-        from perfsdk.metrics_server import MetricsServer
-
-        if self._closed:
-            raise MonitorClosedError(f"serve_metrics: {self._life.reason()}; create a new Monitor to serve metrics")
-        if self._server is not None:
-            if port not in (None, 0, self._server.port) or addr != self._server.addr:
-                raise ConfigError(f"serve_metrics: this Monitor already serves {self._server.url}; "
-                                  f"close it first to serve {addr}:{port}")
-            return self._server
-        self._server = MetricsServer(self, port=9400 if port is None else port, addr=addr, token=token,
-                                     errors=self._errors)
-        return self._server
+        return lifecycle.serve(self, port, addr, token)
 
     def metrics_text(self, drain_timeout: float | None = DRAIN_TIMEOUT) -> tuple[bytes, str]:
         """``(body, content type)`` of this Monitor's Prometheus metrics, for a ``/metrics`` route of your own.
@@ -456,10 +430,8 @@ class Monitor:
     def stats(self) -> dict[str, Any]:
         """Rolling per-phase statistics (last few thousand steps) and the SDK's health counters (``dropped_records``,
         ``internal_errors``, ``calls_after_close``; ``dropped_spans`` with an OpenTelemetry sink)."""
-        if self._collector is not None:
-            out = self._collector.stats()
-        else:
-            out = {"dropped_records": 0, "internal_errors": self._errors.count}
+        c = self._collector
+        out = c.stats() if c is not None else {"dropped_records": 0, "internal_errors": self._errors.count}
         core, otel, window = self._hot.core, self._parts.otel, self._hot.window
         out["calls_after_close"] = self._life.late(core)
         if otel is not None:
@@ -524,11 +496,3 @@ class Monitor:
         prom, rank = self._parts.prom, self._parts.rank_label
         return self._errors, prom.set_profile if prom is not None else None, rank[0] if rank else "0"
 
-
-def _register_native_step() -> None:
-    native = load_native()
-    if native is not None:
-        Step.register(native.Step)
-
-
-_register_native_step()

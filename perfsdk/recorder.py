@@ -33,7 +33,16 @@ from perfsdk.errors import ConfigError
 from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps, bare_function, check_sizes, decorate
 from perfsdk.records import UNSIZED
 
-__all__ = ["CoreEvents", "Events", "NativeRecorder", "NoEvents", "OffRecorder", "PythonRecorder", "Recorder"]
+__all__ = [
+    "CoreEvents",
+    "Events",
+    "NativeRecorder",
+    "NoEvents",
+    "OffRecorder",
+    "PythonRecorder",
+    "Recorder",
+    "load_native",
+]
 
 
 class Events(Protocol):
@@ -365,3 +374,23 @@ class OffRecorder(Recorder):
 
     def _unsized(self, phase: str) -> Any:
         return NoStep(phase)
+
+
+def load_native() -> Any:
+    """perfsdk's C extension (``perfsdk._native``: the hot path and the step core), or None where not built."""
+    try:
+        from perfsdk import _native
+
+        return _native
+    except ImportError:
+        return None
+
+
+def _register_native_step() -> None:
+    """``isinstance(step, perfsdk.Step)`` holds for the C steps too."""
+    native = load_native()
+    if native is not None:
+        Step.register(native.Step)
+
+
+_register_native_step()
