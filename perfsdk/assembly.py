@@ -61,7 +61,7 @@ def _never() -> bool:
 class Parts:
     """What :func:`assemble` chose and built; a Monitor keeps it as it is."""
 
-    hot: Recorder              # the one owner of the hot path's state: steps, core, events, window
+    recorder: Recorder         # the one owner of the hot path's state: steps, core, events, window
     requests: RequestQueue
     nvtx_backend: str
     rank: int | None
@@ -183,16 +183,16 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
     )
     common: dict[str, Any] = {"timing": "cuda" if use_cuda else "host",
                               "cuda_events": api.name if api is not None else None, "strict": cfg.strict}
-    hot: Recorder
+    recorder: Recorder
     if not enabled:
-        hot = OffRecorder(state, core, event_owner, hot_path="c" if cfg.hot_path == "c" else "python",
+        recorder = OffRecorder(state, core, event_owner, hot_path="c" if cfg.hot_path == "c" else "python",
                           compiling=_never, **common)
     elif use_c:
-        hot = NativeRecorder(native, state, core, event_owner, compiling=compiling or _never, **common)
+        recorder = NativeRecorder(native, state, core, event_owner, compiling=compiling or _never, **common)
     else:
-        hot = PythonRecorder(state, core, event_owner, compiling=_never, **common)
+        recorder = PythonRecorder(state, core, event_owner, compiling=_never, **common)
     return Parts(
-        hot=hot, requests=RequestQueue(cfg.queue_size, clock, errors, cfg.strict), nvtx_backend=nv.backend,
+        recorder=recorder, requests=RequestQueue(cfg.queue_size, clock, errors, cfg.strict), nvtx_backend=nv.backend,
         rank=rank, rank_label=rank_label, registry=registry, prom=prom, otel=otel, sinks=sinks,
     )
 

@@ -65,7 +65,7 @@ MEASURED_CLOCK = ("record_finished: the first token came after the end (ttft_s, 
 _yield = time.sleep  # time.sleep(0) lets go of the GIL and takes it back: a waiting thread gets a turn
 
 
-class HotView(Protocol):
+class RecorderView(Protocol):
     """What the collector reads of the Monitor's hot path (:class:`perfsdk.recorder.Recorder` is one)."""
 
     @property
@@ -80,7 +80,7 @@ class Collector(threading.Thread):
 
     def __init__(self, core: Any, requests: RequestQueue, sinks: Sequence[Sink], errors: ErrorGuard, *,
                  model: str, operation: str, epoch_offset_ns: int, export_interval: float,
-                 hot: HotView, peaks: dict[str, str] | None = None,
+                 recorder: RecorderView, peaks: dict[str, str] | None = None,
                  spans_dropped: Callable[[], dict[str, int]] | None = None) -> None:
         super().__init__(name="perfsdk-collector", daemon=True)
         self.core = core
@@ -91,7 +91,7 @@ class Collector(threading.Thread):
         self.operation = operation
         self._offset = epoch_offset_ns
         self._interval = export_interval
-        self.hot = hot  # the Monitor's hot-path owner: the profiler window, the steps the event pool could not time
+        self.recorder = recorder  # the hot path's owner: the profiler window, the steps the event pool could not time
         self._spans_dropped = spans_dropped  # reason -> spans dropped so far (None: no span sink)
         self._exported_spans: dict[str, int] = {}
         self.peaks = peaks or {}  # "mbu"/"mfu" -> the peak in use and its source, for the impossible-value log
@@ -114,7 +114,7 @@ class Collector(threading.Thread):
         twice): the same parts, nothing of this one's progress (the child's losses start at 0 too)."""
         new = Collector(self.core, self.requests, self.sinks, self.errors, model=self.model,
                         operation=self.operation, epoch_offset_ns=self._offset, export_interval=self._interval,
-                        hot=self.hot, peaks=self.peaks, spans_dropped=self._spans_dropped)
+                        recorder=self.recorder, peaks=self.peaks, spans_dropped=self._spans_dropped)
         return new
 
     def wake(self) -> None:
@@ -217,7 +217,7 @@ class Collector(threading.Thread):
             for kind, counts in (("mbu", t.mbu_counts), ("mfu", t.mfu_counts)):
                 if counts and counts[-1] and (code, kind) not in self._suspect_logged:
                     self._log_suspect(code, kind, counts[-1])
-        w = self.hot.window  # fed every decode step while set
+        w = self.recorder.window  # fed every decode step while set
         if w is not None and totals.window:
             try:
                 for seconds, batch, mbu in totals.window:
@@ -339,7 +339,7 @@ class Collector(threading.Thread):
         for code, phase in enumerate(PHASES):
             out[phase] = summary(*self.core.recent(code))
         out["dropped_records"] = self.core.dropped + self.requests.dropped
-        out["untimed_steps_event_pool_empty"] = self.hot.event_pool_empty
+        out["untimed_steps_event_pool_empty"] = self.recorder.event_pool_empty
         out["internal_errors"] = self.errors.count + self.core.errors
         out["processed_records"] = self.core.done + self.processed
         out["dropped_step_values"] = self.values_dropped

@@ -103,8 +103,8 @@ def start(mon: Any, cfg: Any, server: Any) -> None:
     from perfsdk.collector import Collector
 
     assembly.warn_missing(mon.model, mon.hardware, mon._hardware_asked)
-    parts, hot = mon._parts, mon._hot
-    core, otel = hot.core, parts.otel
+    parts, recorder = mon._parts, mon._recorder
+    core, otel = recorder.core, parts.otel
     mon._collector = Collector(
         core,
         parts.requests,
@@ -114,7 +114,7 @@ def start(mon: Any, cfg: Any, server: Any) -> None:
         operation=mon.operation,
         epoch_offset_ns=mon._epoch_offset_ns,
         export_interval=cfg.export_interval,
-        hot=hot,
+        recorder=recorder,
         peaks=assembly.peak_notes(mon.hardware, mon.compute_dtype),
         spans_dropped=None
         if otel is None
@@ -163,7 +163,7 @@ def stop_recording(mon: Any, why: str) -> None:
     dropped, counted."""
     mon._life.on = False
     mon._life.why = why
-    mon._hot.stop(mon._life.refused)
+    mon._recorder.stop(mon._life.refused)
     mon._parts.requests.capacity = 0
 
 
@@ -184,7 +184,7 @@ def close(mon: Any, timeout: float | None) -> None:
     """:meth:`perfsdk.Monitor.close`: stop recording, flush, release, within *timeout* in all."""
     untrack(mon)
     deadline = None if timeout is None else time.monotonic() + timeout
-    window = mon._hot.window
+    window = mon._recorder.window
     if window is not None:
         try:
             window.close(_left(deadline))
@@ -209,8 +209,8 @@ def release(mon: Any, timeout: float | None) -> None:
                 s.close(_left(deadline))
             except Exception as e:
                 mon._errors.record(e, f"{type(s).__name__}.close")
-        parts.hot.stop_core(_left(deadline))  # and once stopped, its events
-        mon._life.pushed_at_close = parts.hot.core.pushed
+        parts.recorder.stop_core(_left(deadline))  # and once stopped, its events
+        mon._life.pushed_at_close = parts.recorder.core.pushed
     if mon._server is not None:
         mon._server.close(_left(deadline))
 
@@ -272,7 +272,7 @@ def restart_in_child(mon: Any, got: dict[str, bool]) -> None:
     if server is not None:
         server.close(0)  # this process's copy of the socket only: the port stays the parent's
     parts = mon._parts
-    cuda = mon._hot.after_fork()  # perfsdk's own state made anew whatever the fork found; CUDA events: host timing
+    cuda = mon._recorder.after_fork()  # perfsdk's own state made anew whatever the fork found; CUDA events: host timing
     parts.requests.after_fork()
     if parts.otel is not None:
         parts.otel.after_fork(usable=got.get("spans", True))  # if not: spans dropped and counted, metrics go on
@@ -297,7 +297,7 @@ def restart_in_child(mon: Any, got: dict[str, bool]) -> None:
             "child cannot use (nor the GPU): this process's steps are timed with the host clock. To time GPU work in "
             "a worker, start it with spawn or forkserver and make its Monitor there."
         )
-    mon._hot.core.start()
+    mon._recorder.core.start()
     mon._collector.start()
 
 

@@ -221,7 +221,7 @@ class Monitor:
                 meter_provider=meter_provider)
             self.nvtx_backend, self.rank, self.registry = parts.nvtx_backend, parts.rank, parts.registry
             # read on every step or request: bound once (an attribute lookup fewer each time)
-            self._hot, self._requests, self._compiling = parts.hot, parts.requests, parts.hot.compiling
+            self._recorder, self._requests, self._compiling = parts.recorder, parts.requests, parts.recorder.compiling
             self._otel_context = parts.otel.capture_context if parts.otel is not None else None
             if cfg.enabled:
                 lifecycle.start(self, cfg, server)
@@ -232,17 +232,17 @@ class Monitor:
     @property
     def timing(self) -> str:
         """``"cuda"`` (CUDA events) or ``"host"`` (the host clock; also in a forked child)."""
-        return self._hot.timing
+        return self._recorder.timing
 
     @property
     def cuda_events(self) -> str | None:
         """The CUDA events in use: ``"driver"``, ``"torch"``, or None with host timing."""
-        return self._hot.cuda_events
+        return self._recorder.cuda_events
 
     @property
     def hot_path(self) -> str:
         """Which hot path and step core run: ``"c"`` or ``"python"``."""
-        return self._hot.hot_path
+        return self._recorder.hot_path
 
     # ---- the serving thread's API -----------------------------------------------------------------
     def request(self, prompt_tokens: int = 0, *, operation: str | None = None, request_id: str | None = None,
@@ -279,13 +279,13 @@ class Monitor:
         """
         if self._compiling():  # torch.compile traces this call: a no-op step there
             return NoStep("prefill")
-        return self._hot.make("prefill", batch, tokens, cached_tokens, seq_lens)  # type: ignore[no-any-return]
+        return self._recorder.make("prefill", batch, tokens, cached_tokens, seq_lens)  # type: ignore[no-any-return]
 
     def decode(self, batch: int | Callable[..., int] = 1, context_tokens: int | Callable[..., int] = 0) -> Step:
         """One decode step: *batch* sequences, *context_tokens* = the sum of their context lengths."""
         if self._compiling():  # torch.compile traces this call: a no-op step there
             return NoStep("decode")
-        return self._hot.make("decode", batch, None, context_tokens, None)  # type: ignore[no-any-return]
+        return self._recorder.make("decode", batch, None, context_tokens, None)  # type: ignore[no-any-return]
 
     def mixed(self, prefill_seq_lens: Sequence[int] | Callable[..., Sequence[int]] = (),
               decode_batch: int | Callable[..., int] = 0,
@@ -294,7 +294,7 @@ class Monitor:
         sequences decoding over *context_tokens* context tokens in all. Reports MBU and MFU."""
         if self._compiling():  # torch.compile traces this call: a no-op step there
             return NoStep("mixed")
-        return self._hot.make(  # type: ignore[no-any-return]
+        return self._recorder.make(  # type: ignore[no-any-return]
             "mixed", decode_batch, None, context_tokens, prefill_seq_lens)
 
     # ---- values measured elsewhere (engines that time themselves, perfsdk.engines): through the same core,
@@ -322,7 +322,7 @@ class Monitor:
         except ConfigError as e:
             self._requests.refuse("record_step", str(e))
             return
-        self._hot.core.push(rec)  # False: dropped, counted (the core is behind)
+        self._recorder.core.push(rec)  # False: dropped, counted (the core is behind)
 
     def record_latencies(self, ttft_s: Sequence[float] = (), itl_s: Sequence[float] = ()) -> None:
         """Times to first token and inter-token gaps (seconds) someone else measured, for the histograms.
@@ -432,7 +432,7 @@ class Monitor:
         ``internal_errors``, ``calls_after_close``; ``dropped_spans`` with an OpenTelemetry sink)."""
         c = self._collector
         out = c.stats() if c is not None else {"dropped_records": 0, "internal_errors": self._errors.count}
-        core, otel, window = self._hot.core, self._parts.otel, self._hot.window
+        core, otel, window = self._recorder.core, self._parts.otel, self._recorder.window
         out["calls_after_close"] = self._life.late(core)
         if otel is not None:
             out["dropped_spans"] = otel.dropped + core.dropped_samples
@@ -455,7 +455,7 @@ class Monitor:
 
         if self._closed:
             raise MonitorClosedError(f"enable_profiler: {self._life.reason()}")
-        old = self._hot.window
+        old = self._recorder.window
         if old is not None and not config:
             return old
         if old is not None and old.state in ("ready", "running", "writing"):
@@ -463,7 +463,7 @@ class Monitor:
             # would leave torch.profiler recording with nobody to stop it
             raise ConfigError("enable_profiler: a capture is in progress; change settings once it has finished")
         new = ProfilerWindow(self, **config)  # validate before dropping the old window
-        self._hot.set_window(new)
+        self._recorder.set_window(new)
         if old is not None:
             old.close()
         return new
@@ -477,17 +477,17 @@ class Monitor:
         """
         if self._closed:
             raise MonitorClosedError(f"profile: {self._life.reason()}; no step would ever start the capture")
-        w = self._hot.window if self._hot.window is not None else self.enable_profiler()
+        w = self._recorder.window if self._recorder.window is not None else self.enable_profiler()
         return w.trigger(steps=steps, mode=mode, reason=reason, steady=steady)
 
     def profile_status(self) -> dict[str, Any] | None:
         """The profiler window's state, the capture under way and the last result; None without a window."""
-        w = self._hot.window
+        w = self._recorder.window
         return None if w is None else w.status()
 
     def cancel_profile(self, reason: str = "cancelled") -> bool:
         """Cancel the capture under way (armed: now; running: at the next step); False if there is none."""
-        w = self._hot.window
+        w = self._recorder.window
         return False if w is None else bool(w.cancel(reason))
 
     def window_deps(self) -> tuple[ErrorGuard, Callable[[float | None, float | None], None] | None, str]:

@@ -236,17 +236,17 @@ class MonitorProbe:
 
     def __init__(self, monitor: Monitor) -> None:
         self.monitor = monitor
-        self._hot = monitor._hot  # the Monitor's one owner of its hot path (perfsdk.recorder.Recorder)
+        self._recorder = monitor._recorder  # the Monitor's one owner of its hot path (perfsdk.recorder.Recorder)
 
     @property
     def events(self) -> Events:
         """The Monitor's CUDA events, whichever side keeps them: ``in_use``, ``created``, ``reserve(n)``."""
-        return self._hot.events
+        return self._recorder.events
 
     @contextlib.contextmanager
     def paused_core(self) -> Iterator[MonitorProbe]:
         """A step core that reads nothing meanwhile (one that has fallen behind); it carries on at the exit."""
-        core = self._hot.core
+        core = self._recorder.core
         core.pause(True)
         try:
             yield self
@@ -256,26 +256,26 @@ class MonitorProbe:
     @property
     def waiting(self) -> int:
         """Step records pushed and not yet counted by the core."""
-        return int(self._hot.core.waiting)
+        return int(self._recorder.core.waiting)
 
     def push_step(self, record: StepRecord) -> bool:
         """Hand *record* to the step core as the hot path would (False: dropped, the core is behind)."""
-        return bool(self._hot.core.push(record))
+        return bool(self._recorder.core.push(record))
 
     def recent(self, phase: str) -> Any:
         """The core's last steps of *phase*, as ``stats()`` reads them: (steps, errors, seconds, MBUs, MFUs)."""
-        return self._hot.core.recent(PHASES.index(phase))
+        return self._recorder.core.recent(PHASES.index(phase))
 
     @property
     def core_implementation(self) -> str:
         """Which step core counts: ``"c"`` or ``"python"``."""
-        return str(self._hot.core.implementation)
+        return str(self._recorder.core.implementation)
 
     @property
     def feeds(self) -> dict[str, bool]:
         """Whether the core keeps every decode step for a profiler window (``window_feed``) and every timed
         step's values for an OpenTelemetry metrics sink (``value_feed``)."""
-        core = self._hot.core
+        core = self._recorder.core
         return {"window_feed": bool(core.feed_window), "value_feed": bool(core.feed_values)}
 
     @contextlib.contextmanager
@@ -295,13 +295,13 @@ class MonitorProbe:
         changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         if nvtx_push is not None or nvtx_pop is not None:
             changes["nvtx_on"] = True
-        state = self._hot.state
+        state = self._recorder.state
         before = {k: getattr(state, k) for k in changes}
-        self._hot.rebind(**changes)
+        self._recorder.rebind(**changes)
         try:
             yield
         finally:
-            self._hot.rebind(**before)
+            self._recorder.rebind(**before)
 
     @property
     def sinks(self) -> list[Any]:
@@ -318,8 +318,8 @@ class MonitorProbe:
         """The hot path's own objects — ``core`` (the step core), ``state`` (the
         :class:`~perfsdk.hotpath.HotState`) and ``hot`` (the C ``Hot`` built from it, or the state itself in
         Python) — for tests of the C extension's reference counts and attribute handling."""
-        hot = self._hot
-        return {"core": hot.core, "state": hot.state, "hot": getattr(hot, "hot", hot.state)}
+        r = self._recorder
+        return {"core": r.core, "state": r.state, "hot": getattr(r, "hot", r.state)}
 
 
 def probe(monitor: Monitor) -> MonitorProbe:

@@ -174,6 +174,8 @@ def test_an_exhausted_pool_counts_steps_without_timing_them_and_recovers() -> No
             steps(h, gpu, clock, [1.0] * 5, host_gap_s=1e-3)
             assert h.monitor.stats()["untimed_steps_event_pool_empty"] == 4  # one step fits in 3 events
             assert pool.in_use <= 3
+            with h.probe.hooks(clock=clock):  # the hot path bound again: what it counted stays counted
+                assert h.monitor.stats()["untimed_steps_event_pool_empty"] == 4
         assert h.monitor.flush(5)
         for _ in range(3):  # each step read before the next: events come back in time
             steps(h, gpu, clock, [1.0], host_gap_s=1e-3)

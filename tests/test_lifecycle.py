@@ -215,6 +215,28 @@ def port_is_free(port: int) -> bool:
         return True
 
 
+def test_a_profiler_window_set_before_the_fork_drives_the_childs_steps(tmp_path: Path) -> None:
+    """The window is set in one place (``Recorder.set_window``): the child of a Monitor that timed with CUDA events
+    binds its hot path again, for host timing, and keeps the window — the next step starts the capture the child
+    asked for. (The C hot path's rebuilt ``Hot`` used to lose it: the capture stayed "ready" for ever.)"""
+    mon = scripted_monitor(ScriptedGpu(), registry=CollectorRegistry(), otel=False, nvtx=False)
+    window = mon.enable_profiler(directory=tmp_path, min_free_mb=0, steps=1)
+
+    def child() -> dict[str, Any]:
+        accepted = window.trigger(steps=1, steady=False).accepted
+        before = window.state
+        with mon.decode(batch=1):
+            pass
+        return {"timing": mon.timing, "accepted": accepted, "before": before, "after": window.state}
+
+    try:
+        status, seen = in_child(child)
+    finally:
+        mon.close()
+    assert status == 0
+    assert seen == {"timing": "host", "accepted": True, "before": "ready", "after": "running"}
+
+
 def test_a_fork_while_perfsdk_holds_a_lock_says_to_recreate_the_monitor(monkeypatch: pytest.MonkeyPatch) -> None:
     """If a perfsdk lock stays held past FORK_QUIESCE, the child's Monitor records nothing, counted and logged."""
     monkeypatch.setattr(lifecycle, "FORK_QUIESCE", 0.05)
