@@ -260,6 +260,9 @@ class ProfilerWindow:
     @property
     def hot(self) -> bool:
         """Deprecated: the old name of :attr:`armed` (``hot`` now names the hot path only)."""
+        import warnings
+
+        warnings.warn("ProfilerWindow.hot is deprecated: read ProfilerWindow.armed", DeprecationWarning, stacklevel=2)
         return self.armed
 
     @property
