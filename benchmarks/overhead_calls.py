@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from overhead_common import make_monitor, sync
 import perfsdk
 from perfsdk.model import ModelSpec
 from perfsdk.monitor import load_native
+from perfsdk.testing import probe
 
 
 def host_costs(spec: ModelSpec, hw: Any, device: str) -> dict[str, float]:
@@ -72,6 +74,7 @@ def host_costs(spec: ModelSpec, hw: Any, device: str) -> dict[str, float]:
     rounds, per_round = 10, 2000
     env_hot_path = "c" if load_native() is not None else "python"
     mons: dict[str, perfsdk.Monitor] = {}
+    paused = contextlib.ExitStack()  # the held-back cores, let go once measured
     for suffix, kw in variants:
         mon = make_monitor(spec, hw, **kw)
         mons["decode_phase_enter_exit" + suffix] = mon
@@ -80,15 +83,20 @@ def host_costs(spec: ModelSpec, hw: Any, device: str) -> dict[str, float]:
         quiet = make_monitor(
             spec, hw, event_pool_size=rounds * per_round + 100, queue_size=rounds * per_round + 100, **kw
         )
-        quiet._reserve_events(2 * (rounds * per_round + 100))
-        if quiet.cuda_events == "torch" and quiet._pool is not None:  # torch creates an event at its first record
-            for ev in list(quiet._pool._free):
+        events = probe(quiet).events
+        events.reserve(2 * (rounds * per_round + 100))
+        if quiet.cuda_events == "torch":  # torch creates an event at its first record
+            # the free list of timing.EventPool: no public seam should hand out events nobody holds
+            for ev in list(events._free):  # type: ignore[attr-defined]
                 ev.record()
-        quiet._core.pause(True)
+        paused.enter_context(probe(quiet).paused_core())
         mons["decode_phase_enter_exit_collector_stopped" + suffix] = quiet
         if suffix == "_nvtx_forced":
-            st = mon._hot_state
-            out["nvtx_push_pop"] = median_ns(lambda st=st: (st.nvtx_push("decode", 8), st.nvtx_pop()), n)
+            from perfsdk.nvtx_ranges import make_nvtx
+
+            nv = make_nvtx(True)  # what this Monitor's steps push and pop (nvtx=True), made the same way
+            assert nv.backend == mon.nvtx_backend
+            out["nvtx_push_pop"] = median_ns(lambda nv=nv: (nv.push("decode", 8), nv.pop()), n)
         if not suffix:
             req = mon.request(prompt_tokens=16)
             out["request_tokens_1"] = median_ns(lambda req=req: req.tokens(1), n)
@@ -110,8 +118,8 @@ def host_costs(spec: ModelSpec, hw: Any, device: str) -> dict[str, float]:
         expected = "python" if key.endswith("_python") or "torch_events" in key else env_hot_path
         assert mon.hot_path == expected, (key, mon.hot_path)
         sync(device)
-        if "collector_stopped" in key:
-            mon._core.pause(False)
+    paused.close()
+    for mon in mons.values():
         mon.close()
     from prometheus_client import CollectorRegistry, Histogram
 
@@ -129,8 +137,10 @@ def collector_throughput(spec: ModelSpec, hw: Any) -> dict[str, Any]:
     # pre-built records pushed straight to the core: measures the core and collector, not the producer
     from perfsdk.records import DECODE, HOST, StepRecord
 
+    core = probe(mon)
+
     for i in range(n):
-        mon._push_step(StepRecord(DECODE, HOST, i, i + 1_500_000, None, None, 8, -1, 8192, 0, 0, 0, None))
+        core.push_step(StepRecord(DECODE, HOST, i, i + 1_500_000, None, None, 8, -1, 8192, 0, 0, 0, None))
     ok = mon.flush(300)
     dt = time.perf_counter() - t0
     steps_per_s = n / dt

@@ -19,6 +19,7 @@ from overhead_common import make_monitor
 
 import perfsdk
 from perfsdk.model import ModelSpec
+from perfsdk.testing import probe
 
 
 def sync_census(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: int) -> dict[str, Any]:
@@ -30,14 +31,15 @@ def sync_census(model: Model, spec: ModelSpec, hw: Any, device: str, ctx: int) -
     g = capture_decode_graph(model, tokens, pos)
     mon = make_monitor(spec, hw)
     main_tid = threading.get_native_id()
-    assert mon._collector is not None
+    collector = probe(mon).collector_thread
+    assert collector is not None
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(50):
             with mon.decode(batch=1, context_tokens=ctx):
                 g.replay()
         mon.flush(60)
         torch.cuda.synchronize()  # the benchmark's own, after the loop
-    collector_tid = mon._collector.native_id  # the C core's thread shows up as another tid
+    collector_tid = collector.native_id  # the C core's thread shows up as another tid
     path = "/tmp/sync_census.json"
     prof.export_chrome_trace(path)
     counts: dict[str, dict[str, int]] = {}

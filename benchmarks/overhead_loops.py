@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from overhead_common import make_monitor, sync, thread_cpu_ns
 
 import perfsdk
 from perfsdk.model import ModelSpec
+from perfsdk.testing import probe
 
 
 def step_loop(
@@ -25,7 +27,7 @@ def step_loop(
     Also the CPU time of the serving thread (``thread_time``) and of the collector thread over the run.
     """
     add_ns = 0
-    collector = mon._collector if mon is not None else None  # the Python side; the C core is off the GIL
+    collector = probe(mon).collector_thread if mon is not None else None  # the Python side; the C core is off the GIL
     sync(device)
     if mon is not None:
         mon.flush(60)
@@ -187,8 +189,9 @@ def synced_breakdown(model: Model, spec: ModelSpec, hw: Any, ctx: int, reps: int
     }
     stopped = variants["collector_stopped"]
     assert stopped is not None
-    stopped._reserve_events(2 * ((reps + 1) * steps + 64))
-    stopped._core.pause(True)
+    probe(stopped).events.reserve(2 * ((reps + 1) * steps + 64))
+    paused = contextlib.ExitStack()
+    paused.enter_context(probe(stopped).paused_core())
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in variants}
     for _ in range(10):
         step()
@@ -217,7 +220,7 @@ def synced_breakdown(model: Model, spec: ModelSpec, hw: Any, ctx: int, reps: int
             f"{out[name]['collector_cpu_us_per_step']:.1f} us",
             flush=True,
         )
-    stopped._core.pause(False)
+    paused.close()
     for mon in variants.values():
         if mon is not None:
             mon.close()

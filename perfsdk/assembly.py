@@ -9,67 +9,67 @@ Monitor resolved (model, GPU, registry, clock) and returns the :class:`Parts`:
 * the hot path and step core: in C (``perfsdk._native``) where the extension was built and the events are
   driver events (or none), else the Python reference (:mod:`perfsdk.hotpath`, :mod:`perfsdk.stepcore`);
 * NVTX (the ``nvtx`` package, ``torch.cuda.nvtx``, or nothing), the ``rank`` label, the sinks;
-* the :class:`StepMaker` that makes the step objects ``Monitor.decode()`` and its siblings hand out.
+* the :class:`~perfsdk.recorder.Recorder` of that hot path: the one owner of its state, core, events and
+  profiler window, which makes the step objects ``Monitor.decode()`` and its siblings hand out.
 
 Nothing here runs per step. :mod:`perfsdk.monitor` keeps only the public API.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfsdk._guard import ErrorGuard
 from perfsdk.config import MAX_RANK, MonitorConfig, env_int, multiproc_dir
 from perfsdk.errors import ConfigError, MissingDependencyError
-from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps, bare_function, check_sizes, decorate
+from perfsdk.hotpath import HotState, LastEnd, ThreadSteps
 from perfsdk.model import ModelSpec
-from perfsdk.records import UNSIZED, RequestQueue
+from perfsdk.recorder import (
+    CoreEvents,
+    Events,
+    NativeRecorder,
+    NoEvents,
+    OffRecorder,
+    PythonRecorder,
+    Recorder,
+    load_native,
+)
+from perfsdk.records import RequestQueue
 
-__all__ = ["Parts", "StepMaker", "assemble", "load_native", "resolve_hardware", "resolve_model"]
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from perfsdk.sinks import Sink
+    from perfsdk.sinks.otel import OtelSink
+    from perfsdk.sinks.prometheus import PrometheusSink
+
+__all__ = ["Parts", "assemble", "load_native", "resolve_hardware", "resolve_model"]
 
 log = logging.getLogger("perfsdk")
-
-
-def load_native() -> Any:
-    """perfsdk's C extension (``perfsdk._native``: the hot path and the step core), or None where not built."""
-    try:
-        from perfsdk import _native
-
-        return _native
-    except ImportError:
-        return None
 
 
 def _never() -> bool:
     return False
 
 
-@dataclass
+@dataclass(frozen=True)
 class Parts:
-    """What :func:`assemble` chose and built."""
+    """What :func:`assemble` chose and built; a Monitor keeps it as it is."""
 
-    timing: str                # "cuda" or "host"
-    cuda_events: str | None    # "driver", "torch" (or a test's scripted GPU), None with host timing
-    hot_path: str              # "c" or "python"
+    recorder: Recorder         # the one owner of the hot path's state: steps, core, events, window
+    requests: RequestQueue
     nvtx_backend: str
     rank: int | None
     rank_label: tuple[str, ...]  # ("<rank>",) when the rank label is on
-    registry: Any
-    prom: Any                  # the PrometheusSink, or None
-    otel: Any                  # the OtelSink, or None
-    sinks: list[Any]
-    requests: RequestQueue
-    core: Any                  # the step core (C or Python)
-    pool: Any                  # the Python event pool (the C core keeps its own), or None
-    api: Any                   # the event API, or None
-    hot_state: HotState
-    compiling: Callable[[], bool]  # torch.compile's "am I tracing?", asked before any C code runs
+    registry: CollectorRegistry | None
+    prom: PrometheusSink | None
+    otel: OtelSink | None
+    sinks: list[Sink]
 
 
 def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, compute_dtype: str, model_name: str,
@@ -106,7 +106,6 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
     rank_label = (str(rank),) if rank is not None else ()
 
     # ---- sinks (OpenTelemetry first: otel=True without the SDK fails before any registry entry is made) ----
-    from perfsdk.sinks import Sink
     from perfsdk.sinks.prometheus import PrometheusSink, metric_set
 
     sinks: list[Sink] = []  # typed: mypy checks each sink against the Sink protocol
@@ -139,7 +138,7 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
         if otel_metrics is not None:
             sinks.append(otel_metrics)
 
-    # ---- the step core, the request queue, the hot path ----
+    # ---- the step core and its events, the hot path, the request queue ----
     peak = None
     if hardware is not None:
         try:
@@ -148,24 +147,27 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
             peak = None
     costs = StepCosts.of(model, hardware.memory_bandwidth if hardware else None, peak)
     pool = None
+    event_owner: Events
     if use_c:
         from perfsdk.stepcore import native_core
 
         core = native_core(native, costs, cfg.queue_size, cfg.step_span_rate, cfg.poll_interval, addresses,
                            event_capacity if api is not None else 0, event_prefill,
                            api.new if api is not None else None, api.destroy if api is not None else None)
+        event_owner = CoreEvents(core)  # the C core keeps the pool, in C
     else:
         from perfsdk.stepcore import PyStepCore
 
         if api is not None:
             pool = _timing.EventPool(api, event_capacity, event_prefill)
         core = PyStepCore(costs, pool, api, cfg.queue_size, cfg.step_span_rate, cfg.poll_interval)
+        event_owner = pool if pool is not None else NoEvents()
     compiling, cuda_capturing = _timing.capture_checks(use_cuda)
     if events is not None:
         compiling, cuda_capturing = None, getattr(events, "capture_check", None)
     capturing = (cuda_capturing if use_c or events is not None else _timing.capture_check(use_cuda)) if enabled \
         else None
-    hot_state = HotState(
+    state = HotState(
         core=core, errors=errors,
         local=ThreadSteps(native.LastEnd if native is not None and use_c else LastEnd, core if use_c else pool),
         clock=None if use_c and clock is time.perf_counter_ns and sys.platform.startswith("linux") else clock,
@@ -179,128 +181,20 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
         pool=pool, nvtx_on=nv.backend != "none", nvtx_push=nv.push, nvtx_pop=nv.pop,
         chain_gap_ns=int(cfg.chain_gap_us * 1000), every=cfg.timing_every, strict=cfg.strict,
     )
+    common: dict[str, Any] = {"timing": "cuda" if use_cuda else "host",
+                              "cuda_events": api.name if api is not None else None, "strict": cfg.strict}
+    recorder: Recorder
+    if not enabled:
+        recorder = OffRecorder(state, core, event_owner, hot_path="c" if cfg.hot_path == "c" else "python",
+                          compiling=_never, **common)
+    elif use_c:
+        recorder = NativeRecorder(native, state, core, event_owner, compiling=compiling or _never, **common)
+    else:
+        recorder = PythonRecorder(state, core, event_owner, compiling=_never, **common)
     return Parts(
-        timing="cuda" if use_cuda else "host", cuda_events=api.name if api is not None else None,
-        hot_path="c" if use_c or (cfg.hot_path == "c" and not enabled) else "python", nvtx_backend=nv.backend,
+        recorder=recorder, requests=RequestQueue(cfg.queue_size, clock, errors, cfg.strict), nvtx_backend=nv.backend,
         rank=rank, rank_label=rank_label, registry=registry, prom=prom, otel=otel, sinks=sinks,
-        requests=RequestQueue(cfg.queue_size, clock, errors, cfg.strict), core=core, pool=pool, api=api,
-        hot_state=hot_state, compiling=compiling if (compiling is not None and use_c) else _never,
     )
-
-
-class StepMaker:
-    """Makes the step objects: ``make(phase, batch, tokens, context_tokens, seq_lens)``.
-
-    C steps from the C hot path where it runs (odd sizes validated in Python, :meth:`slow`), Python
-    :class:`~perfsdk.hotpath.Step` objects otherwise. A bad size raises in strict mode; otherwise the step
-    is a :class:`~perfsdk.hotpath.NoStep` (runs, records nothing) and the value is counted and logged once.
-    """
-
-    def __init__(self, state: HotState, hot_path: str, enabled: bool, compiling: Callable[[], bool],
-                 errors: ErrorGuard, strict: bool) -> None:
-        self.state = state
-        self.hot_path = hot_path
-        self.enabled = enabled
-        self.compiling = compiling
-        self.errors = errors
-        self.strict = strict
-        self.hot: Any = None
-        self.make: Callable[..., Any] = self._none
-        self._on_closed: Callable[[str], None] | None = None  # set by close(): counts each step asked for
-        self.bind()
-
-    def close(self, on_call: Callable[[str], None]) -> None:
-        """The Monitor no longer records (closed): every later step is a no-op that calls *on_call(phase)*
-        (which counts it). Bound once, here — the steps themselves check nothing."""
-        self._on_closed = on_call
-        self.make = self._closed
-
-    def _closed(self, phase: str, batch: Any = 1, tokens: Any = None, context_tokens: Any = 0,
-                seq_lens: Any = None) -> Any:
-        assert self._on_closed is not None
-        self._on_closed(phase)
-        return self._none(phase, batch, tokens, context_tokens, seq_lens)
-
-    def bind(self) -> None:
-        """(Re)bind the hot path to the current state (the constructor; tests that swap a part of it)."""
-        st = self.state
-        st.decorate = functools.partial(decorate, self._make, self.unsized, self.compiling, self.errors)
-        st.slow_step = self.slow
-        if self.hot is not None and self.hot_path == "c":
-            st.untimed += self.hot.untimed  # keep what the previous binding counted
-        if not self.enabled:
-            self.hot, self.make = None, self._none
-        elif self.hot_path == "c":
-            self.hot = load_native().Hot(st)
-            self.make = self.hot.step
-        else:
-            self.hot, self.make = st, self._python
-        if self._on_closed is not None:
-            self.make = self._closed
-
-    def _make(self, *args: Any) -> Any:
-        return self.make(*args)
-
-    @staticmethod
-    def _none(phase: str, batch: Any = 1, tokens: Any = None, context_tokens: Any = 0, seq_lens: Any = None) -> Any:
-        fn = bare_function(phase, batch, tokens, context_tokens, seq_lens)
-        return fn if fn is not None else NoStep(phase)  # a bare @mon.decode on a disabled Monitor: fn itself
-
-    def _python(self, phase: str, batch: Any, tokens: Any, context_tokens: Any, seq_lens: Any) -> Any:
-        if not (type(batch) is int and (tokens is None or type(tokens) is int) and seq_lens is None):
-            fn = bare_function(phase, batch, tokens, context_tokens, seq_lens)
-            if fn is not None:
-                return self._bare(phase, fn)
-        try:
-            return Step(self.state, phase, batch, tokens, context_tokens, seq_lens)
-        except ConfigError as e:
-            return self.refused(phase, e)
-
-    def _bare(self, phase: str, fn: Any) -> Any:
-        """``mon.decode(fn)``: a bare ``@mon.decode`` — *fn* with every call a timed step without sizes."""
-        assert self.state.decorate is not None
-        return self.state.decorate(self.unsized(phase), fn)
-
-    def unsized(self, phase: str) -> Any:
-        """A step with no sizes: timed and counted, no bytes or FLOPs (so no MBU/MFU), no tokens."""
-        if self._on_closed is not None:
-            self._on_closed(phase)
-            return NoStep(phase)
-        if not self.enabled:
-            return NoStep(phase)
-        if self.hot_path == "c":
-            return load_native().make_step(self.hot, phase, 0, None, UNSIZED, None)
-        step = Step(self.state, phase, 0, None, 0, None)
-        step._context_tokens = UNSIZED
-        return step
-
-    def slow(self, phase: str, batch: Any, tokens: Any, context_tokens: Any, seq_lens: Any) -> Any:
-        """The C path's constructor for sizes that are not plain ints: validated here, as Step does."""
-        fn = bare_function(phase, batch, tokens, context_tokens, seq_lens)
-        if fn is not None:
-            return self._bare(phase, fn)
-        try:
-            b, t, c, lens, dynamic = check_sizes(phase, batch, tokens, context_tokens, seq_lens)
-        except ConfigError as e:
-            return self.refused(phase, e)
-        if dynamic:
-            return Step(self.state, phase, batch, tokens, context_tokens, seq_lens)  # a decorator only
-        return load_native().make_step(self.hot, phase, b, None if t < 0 else t, c, lens)
-
-    def refused(self, phase: str, e: ConfigError) -> Step:
-        """A step with a bad size: strict raises; otherwise it runs unrecorded, counted and logged once."""
-        if self.strict:
-            raise e
-        self.errors.record(e, f"{phase}() sizes")
-        return NoStep(phase)
-
-    @property
-    def untimed(self) -> int:
-        """Steps counted but not timed because every event was in flight."""
-        n = self.state.untimed
-        if self.hot_path == "c" and self.hot is not None:
-            n += self.hot.untimed
-        return n
 
 
 def resolve_model(model: Any) -> ModelSpec | None:

@@ -39,7 +39,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from perfsdk._guard import ErrorGuard
 from perfsdk.records import (
@@ -68,12 +68,22 @@ MEASURED_CLOCK = ("record_finished: the first token came after the end (ttft_s, 
 _yield = time.sleep  # time.sleep(0) lets go of the GIL and takes it back: a waiting thread gets a turn
 
 
+class RecorderView(Protocol):
+    """What the collector reads of the Monitor's hot path (:class:`perfsdk.recorder.Recorder` is one)."""
+
+    @property
+    def window(self) -> Any: ...  # the profiler window, or None
+
+    @property
+    def event_pool_empty(self) -> int: ...  # steps counted but not timed: every event was in flight
+
+
 class Collector(threading.Thread):
     """Reads the step core and the request queue, feeds the sinks (see the module docstring)."""
 
     def __init__(self, core: Any, requests: RequestQueue, sinks: Sequence[Sink], errors: ErrorGuard, *,
                  model: str, operation: str, epoch_offset_ns: int, export_interval: float,
-                 untimed: Callable[[], int], peaks: dict[str, str] | None = None,
+                 recorder: RecorderView, peaks: dict[str, str] | None = None,
                  spans_dropped: Callable[[], dict[str, int]] | None = None) -> None:
         super().__init__(name="perfsdk-collector", daemon=True)
         self.core = core
@@ -84,12 +94,11 @@ class Collector(threading.Thread):
         self.operation = operation
         self._offset = epoch_offset_ns
         self._interval = export_interval
-        self._untimed = untimed
+        self.recorder = recorder  # the hot path's owner: the profiler window, the steps the event pool could not time
         self._spans_dropped = spans_dropped  # reason -> spans dropped so far (None: no span sink)
         self._exported_spans: dict[str, int] = {}
         self.peaks = peaks or {}  # "mbu"/"mfu" -> the peak in use and its source, for the impossible-value log
         self._suspect_logged: set[tuple[int, str]] = set()
-        self.window: Any = None  # the profiler window, fed every decode step while set
         self.notices: list[str] = []  # warnings to log at the first round that exports anything
         # a plain lock as the wake-up: acquired by this thread, released by wake(); waiting on it with a
         # timeout is one C call (threading.Event builds a Condition and a lock per wait)
@@ -108,8 +117,7 @@ class Collector(threading.Thread):
         twice): the same parts, nothing of this one's progress (the child's losses start at 0 too)."""
         new = Collector(self.core, self.requests, self.sinks, self.errors, model=self.model,
                         operation=self.operation, epoch_offset_ns=self._offset, export_interval=self._interval,
-                        untimed=self._untimed, peaks=self.peaks, spans_dropped=self._spans_dropped)
-        new.window = self.window
+                        recorder=self.recorder, peaks=self.peaks, spans_dropped=self._spans_dropped)
         return new
 
     def wake(self) -> None:
@@ -204,7 +212,7 @@ class Collector(threading.Thread):
             for kind, counts in (("mbu", t.mbu_counts), ("mfu", t.mfu_counts)):
                 if counts and counts[-1] and (code, kind) not in self._suspect_logged:
                     self._log_suspect(code, kind, counts[-1])
-        w = self.window
+        w = self.recorder.window  # fed every decode step while set
         if w is not None and totals.window:
             try:
                 for seconds, batch, mbu in totals.window:
@@ -331,7 +339,7 @@ class Collector(threading.Thread):
         for code, phase in enumerate(PHASES):
             out[phase] = summary(*self.core.recent(code))
         out["dropped_records"] = self.core.dropped + self.requests.dropped
-        out["untimed_steps_event_pool_empty"] = self._untimed()
+        out["untimed_steps_event_pool_empty"] = self.recorder.event_pool_empty
         out["internal_errors"] = self.errors.count + self.core.errors
         out["processed_records"] = self.core.done + self.processed
         out["dropped_step_values"] = self.values_dropped

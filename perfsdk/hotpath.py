@@ -2,14 +2,15 @@
 
 Two implementations of one algorithm, chosen once per Monitor: ``perfsdk._native.Step`` (C; what runs
 wherever the extension was built) and :class:`Step` here — the specification, and the fallback. Both
-read one :class:`HotState` (the C ``Hot`` is built from it, field by field), both pass the same tests
+read one :class:`HotState` (the C ``Hot`` is built from it, field by field; a Monitor's
+:class:`~perfsdk.recorder.Recorder` owns both and chooses one), both pass the same tests
 (``tests/test_monitor.py``, ``tests/test_cuda_steps.py`` run each test on both), and both hand their
 steps to a step core (:mod:`perfsdk.stepcore`) through :class:`~perfsdk.records.StepRecord` only.
 
 Per step, on the serving thread:
 
 1. *enter* — skip everything inside CUDA-graph capture or a torch.compile trace (that code runs once,
-   at capture time); call the profiler window's hook if a capture is imminent; take an *end* event from
+   at capture time); call the profiler window's hook while it is armed; take an *end* event from
    the pool and either start from this thread's previous step's end event (same stream, no other step
    exited since, entered within ``chain_gap_us`` of its exit: one record per step) or record a fresh
    start; push an NVTX range when a tool is attached;
@@ -71,7 +72,9 @@ def _never() -> bool:
 class HotState:
     """Everything the hot path uses, bound once per Monitor; the C ``Hot`` reads the same fields.
 
-    The counters at the end are this (Python) hot path's own; the C one keeps its own in C.
+    Owned by the Monitor's :class:`~perfsdk.recorder.Recorder`, which alone writes it (``window`` through
+    ``Recorder.set_window``). The counters at the end are this (Python) hot path's own; the C one counts
+    in C, starting from ``event_pool_empty`` when it is bound.
     """
 
     core: Any                             # the step core: push(StepRecord) -> bool (C: its ring)
@@ -89,14 +92,14 @@ class HotState:
     nvtx_on: bool = False
     nvtx_push: Callable[[str, int], Any] = lambda phase, batch: None
     nvtx_pop: Callable[[], Any] = lambda: None
-    window: Any = None                    # the profiler window (its .hot is read every step), or None
+    window: Any = None                    # the profiler window (its .armed is read every step), or None
     decorate: Callable[[Any, Any], Any] | None = None   # (step, fn) -> fn with each call one step
     slow_step: Callable[..., Any] | None = None          # the validating constructor (odd sizes)
     chain_gap_ns: int = 10_000
     every: int = 1                        # time every N-th step (timing_every)
     strict: bool = False
     # the Python hot path's counters
-    untimed: int = 0                      # steps counted but not timed: every event in flight
+    event_pool_empty: int = 0             # steps counted but not timed because every event was in flight
     last_exit: int = 0                    # exit number of the latest timed step (0: an untimed one came after)
     exits: int = 0                        # the latest exit number handed out (timed or not)
     count: int = 0                        # steps entered (for every)
@@ -223,7 +226,7 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
                 self._state = _SKIPPED  # capture/trace time: the work is not really running now
                 return self
             w = hot.window
-            if w is not None and w.hot:
+            if w is not None and w.armed:
                 w.step_begin(self._phase)
             clock = hot.clock or time.perf_counter_ns
             pool = hot.pool
@@ -249,7 +252,7 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
         no other step exited since, within chain_gap_us: one record per step) or record a fresh start."""
         end = pool.acquire()
         if end is None:
-            hot.untimed += 1  # every event in flight: counted, not timed
+            hot.event_pool_empty += 1  # every event in flight: counted, not timed
             self._ev = False
             self._t0 = clock()
             return
@@ -268,7 +271,7 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
         if start is None:
             self._ev = False
             pool.unref(end)  # never recorded: nobody else knows it
-            hot.untimed += 1
+            hot.event_pool_empty += 1
             return
         self._ev = (start, end)
         if last is not None:
@@ -336,7 +339,7 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
             if not hot.core.push(rec) and ev:
                 _let_go(hot, ev)  # dropped (the core is behind): the step's holds end here
             w = hot.window
-            if w is not None and w.hot:
+            if w is not None and w.armed:
                 w.step_end(self._phase)
         except Exception as e:
             hot.errors.record(e, f"{self._phase}.__exit__")

@@ -1,6 +1,9 @@
 """A Monitor's life once built: starting and closing it, a constructor that fails, and ``os.fork()``.
 
-:class:`perfsdk.Monitor` calls into here; nothing here runs per step.
+:class:`perfsdk.Monitor` calls into here; nothing here runs per step. What changes in the hot path (its step
+maker, core, events and timing) changes through the Monitor's :class:`~perfsdk.recorder.Recorder`, their one
+owner; the rest of what a Monitor runs (collector, sinks, request queue, metrics server) is started and
+stopped here.
 
 * **A constructor that fails** leaves nothing behind: settings that cannot work (the metrics port plus
   ``LOCAL_RANK`` past 65535, an address off loopback from the environment) are refused and the metrics
@@ -33,11 +36,12 @@ import os
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from perfsdk.hotpath import LastEnd, ThreadSteps
+if TYPE_CHECKING:
+    from perfsdk.metrics_server import MetricsServer
 
-__all__ = ["FORK_QUIESCE", "Recording", "close", "release", "start", "track"]
+__all__ = ["FORK_QUIESCE", "Recording", "bind", "close", "flush", "release", "serve", "start", "track"]
 
 log = logging.getLogger("perfsdk")
 
@@ -93,23 +97,24 @@ class Recording:
         return self.calls + extra
 
 
-def start(mon: Any, cfg: Any, sinks: list[Any], server: Any) -> None:
+def start(mon: Any, cfg: Any, server: Any) -> None:
     """Start an enabled Monitor's threads (the step core, the collector) and its metrics server, in that order."""
     from perfsdk import assembly
     from perfsdk.collector import Collector
 
     assembly.warn_missing(mon.model, mon.hardware, mon._hardware_asked)
-    core, otel, steps = mon._core, mon._otel, mon._steps
+    parts, recorder = mon._parts, mon._recorder
+    core, otel = recorder.core, parts.otel
     mon._collector = Collector(
         core,
-        mon._requests,
-        sinks,
+        parts.requests,
+        parts.sinks,
         mon._errors,
         model=mon.model_name,
         operation=mon.operation,
         epoch_offset_ns=mon._epoch_offset_ns,
         export_interval=cfg.export_interval,
-        untimed=lambda: steps.untimed,
+        recorder=recorder,
         peaks=assembly.peak_notes(mon.hardware, mon.compute_dtype),
         spans_dropped=None
         if otel is None
@@ -123,28 +128,71 @@ def start(mon: Any, cfg: Any, sinks: list[Any], server: Any) -> None:
     track(mon)
 
 
+def bind(mon: Any, endpoint: tuple[int, str] | None) -> MetricsServer | None:
+    """The metrics server of ``PERFSDK_METRICS_PORT`` (*endpoint*: port, address), bound now and served once all
+    runs (:func:`start`): a port in use fails the constructor before any thread starts."""
+    if endpoint is None:
+        return None
+    from perfsdk.metrics_server import MetricsServer
+
+    return MetricsServer(mon, port=endpoint[0], addr=endpoint[1], errors=mon._errors, start=False)
+
+
+def serve(mon: Any, port: int | None, addr: str, token: str | None) -> MetricsServer:
+    """:meth:`perfsdk.Monitor.serve_metrics`: one metrics server per Monitor, started here."""
+    from perfsdk.errors import ConfigError, MonitorClosedError
+    from perfsdk.metrics_server import MetricsServer
+
+    if mon._closed:
+        raise MonitorClosedError(f"serve_metrics: {mon._life.reason()}; create a new Monitor to serve metrics")
+    running: MetricsServer | None = mon._server
+    if running is not None:
+        if port not in (None, 0, running.port) or addr != running.addr:
+            raise ConfigError(
+                f"serve_metrics: this Monitor already serves {running.url}; close it first to serve {addr}:{port}"
+            )
+        return running
+    server = mon._server = MetricsServer(mon, port=9400 if port is None else port, addr=addr, token=token,
+                                         errors=mon._errors)
+    return server
+
+
 def stop_recording(mon: Any, why: str) -> None:
     """Every later call that records is a counted no-op: steps through the step maker (rebound once here),
     requests and measured values through :class:`Recording`; a request begun before and finished after is
     dropped, counted."""
     mon._life.on = False
     mon._life.why = why
-    mon._steps.close(mon._life.refused)
-    mon._requests.capacity = 0
+    mon._recorder.stop(mon._life.refused)
+    mon._parts.requests.capacity = 0
+
+
+def flush(mon: Any, timeout: float | None, sinks: bool = True) -> bool:
+    """:meth:`perfsdk.Monitor.flush` of a Monitor not yet closed (and the flush inside :func:`close`)."""
+    from perfsdk.records import Flush
+
+    c = mon._collector
+    if c is None or not c.is_alive():
+        return not mon._life.enabled
+    marker = Flush(threading.Event(), timeout, [], sinks)
+    mon._parts.requests.push_marker(marker)  # a marker is never dropped
+    c.wake()
+    return marker.done.wait(timeout) and all(marker.result)
 
 
 def close(mon: Any, timeout: float | None) -> None:
     """:meth:`perfsdk.Monitor.close`: stop recording, flush, release, within *timeout* in all."""
     untrack(mon)
     deadline = None if timeout is None else time.monotonic() + timeout
-    if mon._window is not None:
+    window = mon._recorder.window
+    if window is not None:
         try:
-            mon._window.close(_left(deadline))
+            window.close(_left(deadline))
         except Exception as e:
             mon._errors.record(e, "window.close")
     if mon._life.enabled:
         stop_recording(mon, "closed")  # nothing new after the flush below
-    mon._life.flushed = mon._flush(_left(deadline))
+    mon._life.flushed = flush(mon, _left(deadline))
     release(mon, _left(deadline))
 
 
@@ -154,20 +202,15 @@ def release(mon: Any, timeout: float | None) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     if mon._collector is not None:
         mon._collector.stop(_left(deadline))
-    for s in mon._sinks:
-        try:
-            s.close(_left(deadline))
-        except Exception as e:
-            mon._errors.record(e, f"{type(s).__name__}.close")
-    core = mon._core
-    if core is not None:
-        stopped = core.stop(_left(deadline))
-        mon._life.pushed_at_close = core.pushed
-        if stopped:
-            if mon._life.enabled and getattr(core, "implementation", "") == "c":
-                core.close_events()  # nothing in flight any more: destroy the free events
-            elif mon._pool is not None:
-                mon._pool.close()
+    parts = getattr(mon, "_parts", None)  # None: the constructor failed before anything was built
+    if parts is not None:
+        for s in parts.sinks:
+            try:
+                s.close(_left(deadline))
+            except Exception as e:
+                mon._errors.record(e, f"{type(s).__name__}.close")
+        parts.recorder.stop_core(_left(deadline))  # and once stopped, its events
+        mon._life.pushed_at_close = parts.recorder.core.pushed
     if mon._server is not None:
         mon._server.close(_left(deadline))
 
@@ -212,11 +255,12 @@ def fork_locks(mon: Any) -> dict[str, threading.Lock]:
     while the span exporter's own locks may be held)."""
     from perfsdk.sinks.prometheus import update_lock
 
+    parts = mon._parts
     locks = {}
-    if mon._prom is not None:
-        locks["metrics"] = update_lock(mon.registry)
-    if mon._otel is not None:
-        locks["spans"] = mon._otel.building
+    if parts.prom is not None:
+        locks["metrics"] = update_lock(parts.registry)
+    if parts.otel is not None:
+        locks["spans"] = parts.otel.building
     return locks
 
 
@@ -227,13 +271,11 @@ def restart_in_child(mon: Any, got: dict[str, bool]) -> None:
     server, mon._server = mon._server, None
     if server is not None:
         server.close(0)  # this process's copy of the socket only: the port stays the parent's
-    cuda = mon.timing == "cuda"
-    mon._core.after_fork(cuda)  # perfsdk's own state: made anew whatever the fork found
-    mon._requests.after_fork()
-    if mon._otel is not None:
-        mon._otel.after_fork(usable=got.get("spans", True))  # if not: spans dropped and counted, metrics go on
-    if cuda:
-        _host_timing(mon)
+    parts = mon._parts
+    cuda = mon._recorder.after_fork()  # perfsdk's own state made anew whatever the fork found; CUDA events: host timing
+    parts.requests.after_fork()
+    if parts.otel is not None:
+        parts.otel.after_fork(usable=got.get("spans", True))  # if not: spans dropped and counted, metrics go on
     if not got.get("metrics", True):
         # a perfsdk thread held a lock of the registry or the span exporter at the fork: nobody will ever let go
         # of it in this process, so nothing here may write a metric or build a span
@@ -255,29 +297,8 @@ def restart_in_child(mon: Any, got: dict[str, bool]) -> None:
             "child cannot use (nor the GPU): this process's steps are timed with the host clock. To time GPU work in "
             "a worker, start it with spawn or forkserver and make its Monitor there."
         )
-    mon._core.start()
+    mon._recorder.core.start()
     mon._collector.start()
-
-
-def _host_timing(mon: Any) -> None:
-    """A forked child cannot use its parent's CUDA context: time its steps with the host clock (every step there
-    is host work: the child can launch nothing on the GPU)."""
-    from perfsdk import timing
-    from perfsdk.assembly import load_native
-
-    hs = mon._hot_state
-    if mon._pool is not None:
-        mon._pool.abandon()
-        mon._pool = None
-    hs.pool = hs.stream = hs.record_on = hs.raise_for = hs.ensure_context = None
-    hs.record_fn = hs.is_capturing_fn = 0
-    c = mon.hot_path == "c"
-    # torch.compile's check stays (the C path asks it in Python, before any C code); CUDA's capture check goes
-    hs.capturing = None if c else timing.capture_checks(False)[0]
-    hs.local = ThreadSteps(load_native().LastEnd, mon._core) if c else ThreadSteps(LastEnd, None)
-    mon._steps.bind()
-    hs.untimed = 0
-    mon.timing, mon.cuda_events = "host", None
 
 
 def _before_fork() -> None:

@@ -41,15 +41,11 @@ Wrap the request lifecycle (host clock: what users feel) and every prefill, deco
     mon.flush()                                         # everything recorded so far is exported
     mon.close()
 
-How it is built — "record on the hot path, compute off it":
-
-* the hot path (:mod:`perfsdk.hotpath`, in C where the extension was built) records a clock read, a
-  pooled CUDA event, an NVTX range while a tool is attached, and hands one step record
-  (:mod:`perfsdk.records`) to
-* the step core (:mod:`perfsdk.stepcore`; in C on a native thread that never takes the GIL), which
-  reads the events, prices the step and counts it into histograms; and
-* the collector thread (:mod:`perfsdk.collector`) takes the core's totals and the request events every
-  export interval and hands them to the sinks (:mod:`perfsdk.sinks`: Prometheus, OpenTelemetry).
+How it is built — "record on the hot path, compute off it" (``docs/architecture.md``): the hot path
+(:mod:`perfsdk.hotpath`, in C where built; one :mod:`perfsdk.recorder` owns its state) hands a step record
+(:mod:`perfsdk.records`) to the step core (:mod:`perfsdk.stepcore`, in C on a thread without the GIL), which
+reads the events, prices and counts the step; the collector (:mod:`perfsdk.collector`) hands the totals and
+the request events to the sinks (:mod:`perfsdk.sinks`) every export interval.
 
 Nothing here waits for the GPU, and nothing raises into serving code except the user's own exceptions
 (which propagate unchanged and are recorded as errors) and configuration mistakes at construction. A bad
@@ -70,7 +66,6 @@ A failed constructor leaves nothing running; calls on a closed Monitor are count
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -85,7 +80,6 @@ from perfsdk.model import ModelSpec
 from perfsdk.records import (
     NULL_REQUEST,
     PHASES,
-    Flush,
     MeasuredLatencies,
     MeasuredRequest,
     Request,
@@ -205,67 +199,50 @@ class Monitor:
         endpoint = metrics_endpoint(cfg) if cfg.enabled else None
         self.config = cfg
         self._errors = ErrorGuard()
-        self._enabled = cfg.enabled
         self._life = lifecycle.Recording(cfg.enabled, cfg.service)  # .on: False once closed; calls then count
         self.service = cfg.service
         self.operation = cfg.operation
         self._clock: Callable[[], int] = clock or time.perf_counter_ns
         self._epoch_offset_ns = time.time_ns() - self._clock()
-        self._window: Any = None
         self._server: MetricsServer | None = None
         self._closed = False
         self._collector: Collector | None = None
-        self._core: Any = None
-        self._pool: Any = None
-        self._sinks: list[Any] = []
-        server = None
-        if endpoint is not None:  # bound now, served once all runs: a port in use fails before any thread starts
-            from perfsdk.metrics_server import MetricsServer
-
-            server = MetricsServer(self, port=endpoint[0], addr=endpoint[1], errors=self._errors, start=False)
+        server = lifecycle.bind(self, endpoint)  # a port in use fails before any thread starts
         try:
             self.model = assembly.resolve_model(cfg.model if model is _UNSET else model)
             self.model_name = cfg.model_name or (self.model.name if self.model else "") or "unknown"
             self._hardware_asked = cfg.hardware if hardware is _UNSET else hardware
             self.hardware = assembly.resolve_hardware(self._hardware_asked)
             self.compute_dtype = cfg.compute_dtype or assembly.default_compute_dtype(self.model)
-            self._start(cfg, registry, prometheus, tracer_provider, meter_provider, _events, server)
+            parts = self._parts = assembly.assemble(
+                cfg, model=self.model, hardware=self.hardware, compute_dtype=self.compute_dtype,
+                model_name=self.model_name, registry=registry, prometheus=prometheus, tracer_provider=tracer_provider,
+                clock=self._clock, epoch_offset_ns=self._epoch_offset_ns, errors=self._errors, events=_events,
+                meter_provider=meter_provider)
+            self.nvtx_backend, self.rank, self.registry = parts.nvtx_backend, parts.rank, parts.registry
+            # read on every step or request: bound once (an attribute lookup fewer each time)
+            self._recorder, self._requests, self._compiling = parts.recorder, parts.requests, parts.recorder.compiling
+            self._otel_context = parts.otel.capture_context if parts.otel is not None else None
+            if cfg.enabled:
+                lifecycle.start(self, cfg, server)
         except BaseException:
             lifecycle.abandon(self, server)  # a constructor that fails leaves nothing running
             raise
 
-    def _start(self, cfg: MonitorConfig, registry: Any, prometheus: bool, tracer_provider: Any, meter_provider: Any,
-               events: Any, server: MetricsServer | None) -> None:
-        parts = assembly.assemble(
-            cfg, model=self.model, hardware=self.hardware, compute_dtype=self.compute_dtype,
-            model_name=self.model_name, registry=registry, prometheus=prometheus, tracer_provider=tracer_provider,
-            clock=self._clock, epoch_offset_ns=self._epoch_offset_ns, errors=self._errors, events=events,
-            meter_provider=meter_provider)
-        self.timing, self.cuda_events, self.hot_path = parts.timing, parts.cuda_events, parts.hot_path
-        self.nvtx_backend, self.rank, self.registry = parts.nvtx_backend, parts.rank, parts.registry
-        self._rank_label, self._prom, self._otel = parts.rank_label, parts.prom, parts.otel
-        self._requests, self._core, self._pool = parts.requests, parts.core, parts.pool
-        self._hot_state, self._compiling = parts.hot_state, parts.compiling
-        self._sinks = parts.sinks
-        self._otel_context = self._otel.capture_context if self._otel is not None else None
-        self._steps = assembly.StepMaker(self._hot_state, self.hot_path, self._enabled, self._compiling,
-                                         self._errors, cfg.strict)
-        if self._enabled:
-            lifecycle.start(self, cfg, parts.sinks, server)
+    @property
+    def timing(self) -> str:
+        """``"cuda"`` (CUDA events) or ``"host"`` (the host clock; also in a forked child)."""
+        return self._recorder.timing
 
-    def _bind_hot(self) -> None:
-        """Bind the hot path to the current :class:`~perfsdk.hotpath.HotState` (tests that swap a part of it)."""
-        self._hot_state.window = self._window
-        self._steps.bind()
-        if self.hot_path == "c" and self._steps.hot is not None:
-            self._steps.hot.window = self._window
+    @property
+    def cuda_events(self) -> str | None:
+        """The CUDA events in use: ``"driver"``, ``"torch"``, or None with host timing."""
+        return self._recorder.cuda_events
 
-    def _reserve_events(self, n: int) -> None:
-        """Make events now until *n* are free (benchmarks that hold the core back: nothing comes back)."""
-        if self.hot_path == "c":
-            self._core.reserve(n)
-        elif self._pool is not None:
-            self._pool.reserve(n)
+    @property
+    def hot_path(self) -> str:
+        """Which hot path and step core run: ``"c"`` or ``"python"``."""
+        return self._recorder.hot_path
 
     # ---- the serving thread's API -----------------------------------------------------------------
     def request(self, prompt_tokens: int = 0, *, operation: str | None = None, request_id: str | None = None,
@@ -302,14 +279,13 @@ class Monitor:
         """
         if self._compiling():  # torch.compile traces this call: a no-op step there
             return NoStep("prefill")
-        return self._steps.make("prefill", batch, tokens, cached_tokens, seq_lens)  # type: ignore[no-any-return]
+        return self._recorder.make("prefill", batch, tokens, cached_tokens, seq_lens)  # type: ignore[no-any-return]
 
-    def decode(self, batch: int | Callable[..., int] = 1,
-               context_tokens: int | Callable[..., int] = 0) -> Step:
+    def decode(self, batch: int | Callable[..., int] = 1, context_tokens: int | Callable[..., int] = 0) -> Step:
         """One decode step: *batch* sequences, *context_tokens* = the sum of their context lengths."""
         if self._compiling():  # torch.compile traces this call: a no-op step there
             return NoStep("decode")
-        return self._steps.make("decode", batch, None, context_tokens, None)  # type: ignore[no-any-return]
+        return self._recorder.make("decode", batch, None, context_tokens, None)  # type: ignore[no-any-return]
 
     def mixed(self, prefill_seq_lens: Sequence[int] | Callable[..., Sequence[int]] = (),
               decode_batch: int | Callable[..., int] = 0,
@@ -318,12 +294,11 @@ class Monitor:
         sequences decoding over *context_tokens* context tokens in all. Reports MBU and MFU."""
         if self._compiling():  # torch.compile traces this call: a no-op step there
             return NoStep("mixed")
-        return self._steps.make(  # type: ignore[no-any-return]
+        return self._recorder.make(  # type: ignore[no-any-return]
             "mixed", decode_batch, None, context_tokens, prefill_seq_lens)
 
-    # ---- values measured elsewhere ----------------------------------------
-    # For engines that time themselves (perfsdk.engines): the values go through the same core, collector,
-    # histograms and spans as those perfsdk measures.
+    # ---- values measured elsewhere (engines that time themselves, perfsdk.engines): through the same core,
+    # collector, histograms and spans as those perfsdk measures
     def record_step(self, phase: str, seconds: float, *, batch: int = 1, tokens: int | None = None,
                     context_tokens: int = 0, seq_lens: Sequence[int] | None = None,
                     end_ns: int | None = None) -> None:
@@ -347,11 +322,7 @@ class Monitor:
         except ConfigError as e:
             self._requests.refuse("record_step", str(e))
             return
-        self._push_step(rec)
-
-    def _push_step(self, rec: Any) -> bool:
-        """Hand a :class:`~perfsdk.records.StepRecord` to the core (False: dropped, the core is behind)."""
-        return bool(self._core.push(rec))
+        self._recorder.core.push(rec)  # False: dropped, counted (the core is behind)
 
     def record_latencies(self, ttft_s: Sequence[float] = (), itl_s: Sequence[float] = ()) -> None:
         """Times to first token and inter-token gaps (seconds) someone else measured, for the histograms.
@@ -414,16 +385,7 @@ class Monitor:
         """
         if self._closed:
             return self._life.flushed
-        return self._flush(timeout, sinks)
-
-    def _flush(self, timeout: float | None, sinks: bool = True) -> bool:
-        c = self._collector
-        if c is None or not c.is_alive():
-            return not self._enabled
-        marker = Flush(threading.Event(), timeout, [], sinks)
-        self._requests.push_marker(marker)  # a marker is never dropped
-        c.wake()
-        return marker.done.wait(timeout) and all(marker.result)
+        return lifecycle.flush(self, timeout, sinks)
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Flush, stop the threads and the metrics server, within *timeout* in all. Idempotent. Afterwards a call
@@ -447,18 +409,7 @@ class Monitor:
         asking for another port or address then is a :class:`~perfsdk.errors.ConfigError`; on a closed Monitor a
         :class:`~perfsdk.errors.MonitorClosedError`.
         """
-        from perfsdk.metrics_server import MetricsServer
-
-        if self._closed:
-            raise MonitorClosedError(f"serve_metrics: {self._life.reason()}; create a new Monitor to serve metrics")
-        if self._server is not None:
-            if port not in (None, 0, self._server.port) or addr != self._server.addr:
-                raise ConfigError(f"serve_metrics: this Monitor already serves {self._server.url}; "
-                                  f"close it first to serve {addr}:{port}")
-            return self._server
-        self._server = MetricsServer(self, port=9400 if port is None else port, addr=addr, token=token,
-                                     errors=self._errors)
-        return self._server
+        return lifecycle.serve(self, port, addr, token)
 
     def metrics_text(self, drain_timeout: float | None = DRAIN_TIMEOUT) -> tuple[bytes, str]:
         """``(body, content type)`` of this Monitor's Prometheus metrics, for a ``/metrics`` route of your own.
@@ -479,15 +430,14 @@ class Monitor:
     def stats(self) -> dict[str, Any]:
         """Rolling per-phase statistics (last few thousand steps) and the SDK's health counters (``dropped_records``,
         ``internal_errors``, ``calls_after_close``; ``dropped_spans`` with an OpenTelemetry sink)."""
-        if self._collector is not None:
-            out = self._collector.stats()
-        else:
-            out = {"dropped_records": 0, "internal_errors": self._errors.count}
-        out["calls_after_close"] = self._life.late(self._core)
-        if self._otel is not None:
-            out["dropped_spans"] = self._otel.dropped + self._core.dropped_samples
-        if self._window is not None:
-            out["profiler"] = self._window.status()
+        c = self._collector
+        out = c.stats() if c is not None else {"dropped_records": 0, "internal_errors": self._errors.count}
+        core, otel, window = self._recorder.core, self._parts.otel, self._recorder.window
+        out["calls_after_close"] = self._life.late(core)
+        if otel is not None:
+            out["dropped_spans"] = otel.dropped + core.dropped_samples
+        if window is not None:
+            out["profiler"] = window.status()
         return out
 
     def epoch_ns(self, t: int) -> int:
@@ -505,26 +455,18 @@ class Monitor:
 
         if self._closed:
             raise MonitorClosedError(f"enable_profiler: {self._life.reason()}")
-        if self._window is not None and not config:
-            return self._window
-        if self._window is not None and self._window.state in ("ready", "running", "writing"):
+        old = self._recorder.window
+        if old is not None and not config:
+            return old
+        if old is not None and old.state in ("ready", "running", "writing"):
             # the serving thread drives a running capture through the current window; swapping it now
             # would leave torch.profiler recording with nobody to stop it
             raise ConfigError("enable_profiler: a capture is in progress; change settings once it has finished")
         new = ProfilerWindow(self, **config)  # validate before dropping the old window
-        old, self._window = self._window, new
-        self._set_window(new)
+        self._recorder.set_window(new)
         if old is not None:
             old.close()
         return new
-
-    def _set_window(self, w: Any) -> None:
-        self._hot_state.window = w
-        if self.hot_path == "c" and self._steps.hot is not None:
-            self._steps.hot.window = w  # the C hot path's copy
-        if self._collector is not None:
-            self._collector.window = w
-        self._core.feed_window = w is not None
 
     def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api", *,
                 steady: bool = True) -> Any:
@@ -535,29 +477,22 @@ class Monitor:
         """
         if self._closed:
             raise MonitorClosedError(f"profile: {self._life.reason()}; no step would ever start the capture")
-        w = self._window if self._window is not None else self.enable_profiler()
+        w = self._recorder.window if self._recorder.window is not None else self.enable_profiler()
         return w.trigger(steps=steps, mode=mode, reason=reason, steady=steady)
 
     def profile_status(self) -> dict[str, Any] | None:
         """The profiler window's state, the capture under way and the last result; None without a window."""
-        return None if self._window is None else self._window.status()
+        w = self._recorder.window
+        return None if w is None else w.status()
 
     def cancel_profile(self, reason: str = "cancelled") -> bool:
         """Cancel the capture under way (armed: now; running: at the next step); False if there is none."""
-        return False if self._window is None else bool(self._window.cancel(reason))
+        w = self._recorder.window
+        return False if w is None else bool(w.cancel(reason))
 
     def window_deps(self) -> tuple[ErrorGuard, Callable[[float | None, float | None], None] | None, str]:
         """What a profiler window needs from its Monitor: the error guard, the profile gauges' setter
         (GPU busy and communication fractions of the last capture), the rank."""
-        prom = self._prom
-        return (self._errors, prom.set_profile if prom is not None else None,
-                self._rank_label[0] if self._rank_label else "0")
+        prom, rank = self._parts.prom, self._parts.rank_label
+        return self._errors, prom.set_profile if prom is not None else None, rank[0] if rank else "0"
 
-
-def _register_native_step() -> None:
-    native = load_native()
-    if native is not None:
-        Step.register(native.Step)
-
-
-_register_native_step()

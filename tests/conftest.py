@@ -1,8 +1,8 @@
 """Shared fixtures.
 
-``each_hot_path``: run a test once with the step wrappers in C (``perfsdk._hotpath``) and once in
-Python (``perfsdk.monitor.Phase``), the two implementations of one algorithm. A module opts in with
-``pytestmark = pytest.mark.usefixtures("each_hot_path")``.
+``each_hot_path``: run a test once with the hot path and step core in C (``perfsdk._native``) and once in
+Python (``perfsdk.hotpath``, ``perfsdk.stepcore``), the two implementations of one algorithm. A module opts in
+with ``pytestmark = pytest.mark.usefixtures("each_hot_path")``.
 """
 
 from __future__ import annotations

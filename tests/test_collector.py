@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -76,7 +77,8 @@ class Parts:
         self.core = PyStepCore(costs, None, None, 1000, 0.5, 0.001)
         self.requests = RequestQueue(queue, self.clock, self.errors, strict=True)
         self.collector = Collector(self.core, self.requests, list(sinks), self.errors, model="m",
-                                   operation="chat", epoch_offset_ns=OFFSET, export_interval=60.0, untimed=lambda: 7,
+                                   operation="chat", epoch_offset_ns=OFFSET, export_interval=60.0,
+                                   recorder=SimpleNamespace(window=None, event_pool_empty=7),
                                    spans_dropped=spans_dropped)
         self.core.start()
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_gpu import FakeGpu
 from prometheus_client import CollectorRegistry
 
 import perfsdk
@@ -34,7 +33,7 @@ from perfsdk.errors import ConfigError, MonitorClosedError
 from perfsdk.hardware import HardwareSpec
 from perfsdk.model import ModelSpec
 from perfsdk.sinks.prometheus import update_lock
-from perfsdk.testing import FakeClock
+from perfsdk.testing import FakeClock, ScriptedGpu, scripted_monitor
 
 MODEL = ModelSpec.named("llama-3-8b")
 HW = HardwareSpec(name="test-gpu", memory_bandwidth=1e15, flops={"bf16": 1e18})  # no step here is above peak
@@ -109,8 +108,8 @@ def test_a_forked_child_counts_exactly_serves_its_own_metrics_and_closes(timing:
     """gunicorn --preload: the Monitor (and its server) made before the fork, steps in the child."""
     clock = FakeClock()
     reg = CollectorRegistry()
-    gpu = FakeGpu(capacity=256) if timing == "cuda-events" else None
-    mon = perfsdk.Monitor(model=MODEL, hardware=HW, registry=reg, otel=False, nvtx=False, clock=clock, _events=gpu)
+    gpu = ScriptedGpu(capacity=256) if timing == "cuda-events" else None
+    mon = scripted_monitor(gpu, model=MODEL, hardware=HW, registry=reg, otel=False, nvtx=False, clock=clock)
     parent_srv = mon.serve_metrics(port=0)
     for _ in range(10):
         with mon.decode(batch=2, context_tokens=100):
@@ -187,7 +186,7 @@ def test_a_forked_child_counts_exactly_serves_its_own_metrics_and_closes(timing:
 
 def test_a_copy_that_stays_idle_in_the_child_says_nothing() -> None:
     """A worker that makes a Monitor of its own leaves the inherited one idle: no warning from that one."""
-    mon = perfsdk.Monitor(registry=CollectorRegistry(), otel=False, nvtx=False, _events=FakeGpu())
+    mon = scripted_monitor(ScriptedGpu(), registry=CollectorRegistry(), otel=False, nvtx=False)
     srv = mon.serve_metrics(port=0)
     logs = LogRecords()
 
@@ -214,6 +213,28 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def test_a_profiler_window_set_before_the_fork_drives_the_childs_steps(tmp_path: Path) -> None:
+    """The window is set in one place (``Recorder.set_window``): the child of a Monitor that timed with CUDA events
+    binds its hot path again, for host timing, and keeps the window — the next step starts the capture the child
+    asked for. (The C hot path's rebuilt ``Hot`` used to lose it: the capture stayed "ready" for ever.)"""
+    mon = scripted_monitor(ScriptedGpu(), registry=CollectorRegistry(), otel=False, nvtx=False)
+    window = mon.enable_profiler(directory=tmp_path, min_free_mb=0, steps=1)
+
+    def child() -> dict[str, Any]:
+        accepted = window.trigger(steps=1, steady=False).accepted
+        before = window.state
+        with mon.decode(batch=1):
+            pass
+        return {"timing": mon.timing, "accepted": accepted, "before": before, "after": window.state}
+
+    try:
+        status, seen = in_child(child)
+    finally:
+        mon.close()
+    assert status == 0
+    assert seen == {"timing": "host", "accepted": True, "before": "ready", "after": "running"}
 
 
 def test_a_fork_while_perfsdk_holds_a_lock_says_to_recreate_the_monitor(monkeypatch: pytest.MonkeyPatch) -> None:

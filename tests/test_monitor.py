@@ -21,7 +21,8 @@ from perfsdk.errors import ConfigError
 from perfsdk.hardware import HardwareSpec
 from perfsdk.model import ModelSpec
 from perfsdk.records import DECODE, HOST, UNTIMED, StepRecord
-from perfsdk.testing import FakeClock, MonitorHarness, monitor_harness
+from perfsdk.sinks.prometheus import PrometheusSink
+from perfsdk.testing import FakeClock, monitor_harness, probe
 
 TTFT = "gen_ai_server_time_to_first_token_seconds"
 TPOT = "gen_ai_server_time_per_output_token_seconds"
@@ -238,24 +239,17 @@ def test_internal_failures_never_reach_the_server(caplog: pytest.LogCaptureFixtu
         def broken_nvtx(*_: Any) -> None:
             raise RuntimeError("nvtx exploded")
 
-        st = mon._hot_state
-        real_push, real_on = st.nvtx_push, st.nvtx_on
-        st.nvtx_push, st.nvtx_on = broken_nvtx, True
-        mon._bind_hot()
-        with caplog.at_level(logging.ERROR, logger="perfsdk"):
+        with h.probe.hooks(nvtx_push=broken_nvtx), caplog.at_level(logging.ERROR, logger="perfsdk"):
             for _ in range(3):
                 with mon.decode(batch=1):
                     ran = True
-        st.nvtx_push, st.nvtx_on = real_push, real_on
-        mon._bind_hot()
         assert ran
         assert h.value("perfsdk_internal_errors_total") == 3
         assert sum("nvtx exploded" in r.getMessage() or "internal error" in r.getMessage()
                    for r in caplog.records) == 1  # logged once per site
 
         # a sink that raises on the collector thread: counted, the collector keeps going
-        prom = mon._prom
-        assert prom is not None
+        prom = next(s for s in h.probe.sinks if isinstance(s, PrometheusSink))
 
         real_record = prom.record
 
@@ -278,13 +272,13 @@ def test_internal_failures_never_reach_the_server(caplog: pytest.LogCaptureFixtu
 def test_overflow_drops_and_counts_never_blocks() -> None:
     with monitor_harness(queue_size=10) as h:
         mon = h.monitor
-        mon._core.pause(True)  # a step core that has fallen far behind
-        for _ in range(25):
-            with mon.decode(batch=1):
-                pass
-        assert mon.stats()["dropped_records"] == 15
-        assert mon._core.waiting == 10
-        mon._core.pause(False)  # it catches up; the drop count is exported
+        with h.probe.paused_core() as core:  # a step core that has fallen far behind
+            for _ in range(25):
+                with mon.decode(batch=1):
+                    pass
+            assert mon.stats()["dropped_records"] == 15
+            assert core.waiting == 10
+        # it catches up; the drop count is exported
         assert h.value("perfsdk_dropped_records_total") == 15
         assert h.count(STEP, phase="decode") == 10
 
@@ -455,15 +449,12 @@ def test_graph_capture_makes_wrappers_noops() -> None:
     with monitor_harness() as h:
         mon = h.monitor
         # what the capture checks report inside CUDA-graph capture (the Python path's and the C path's)
-        mon._hot_state.capturing = lambda: True
-        mon._bind_hot()
-        with mon.decode(batch=1):
-            pass
-        assert mon.flush(5)
-        assert h.count(STEP, phase="decode") == 0
-        mon._hot_state.capturing = lambda: False
-        mon._bind_hot()
-        with mon.decode(batch=1):
+        with h.probe.hooks(capturing=lambda: True):
+            with mon.decode(batch=1):
+                pass
+            assert mon.flush(5)
+            assert h.count(STEP, phase="decode") == 0
+        with h.probe.hooks(capturing=lambda: False), mon.decode(batch=1):
             pass
         assert h.count(STEP, phase="decode") == 1
 
@@ -645,20 +636,20 @@ def test_environment_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PERFSDK_MODEL", "mistral-7b")
     monkeypatch.setenv("PERFSDK_HARDWARE", "h100-sxm")
     monkeypatch.setenv("PERFSDK_SERVICE", "from-env")
-    h = MonitorHarness(model=perfsdk.monitor._UNSET, hardware=perfsdk.monitor._UNSET)
+    mon = perfsdk.Monitor(registry=CollectorRegistry(), otel=False, nvtx=False)  # model and hardware: not given
     try:
-        assert h.monitor.model is not None
-        assert h.monitor.model.name == "mistral-7b"
-        assert h.monitor.hardware is not None
-        assert h.monitor.hardware.name == "h100-sxm"
-        assert h.monitor.service == "from-env"
+        assert mon.model is not None
+        assert mon.model.name == "mistral-7b"
+        assert mon.hardware is not None
+        assert mon.hardware.name == "h100-sxm"
+        assert mon.service == "from-env"
     finally:
-        h.close()
+        mon.close()
     monkeypatch.setenv("PERFSDK_ENABLED", "0")
     off = perfsdk.Monitor(registry=CollectorRegistry())
     with off.request(prompt_tokens=3) as r, off.decode(batch=2):
         r.tokens(1)
-    assert off._collector is None
+    assert probe(off).collector_thread is None
     assert off.flush()
     off.close()
 
@@ -732,8 +723,8 @@ def test_untimed_steps_are_counted_but_not_timed() -> None:
     """Monitor(timing_every=N) on a GPU pushes unsampled steps with events=False: counters only."""
     with monitor_harness(model=MODEL, hardware=HW) as h:
         mon = h.monitor
-        mon._push_step(StepRecord(DECODE, UNTIMED, 0, 1_000_000, None, None, 2, -1, 100, 0, 0, 0, None))
-        mon._push_step(StepRecord(DECODE, HOST, 0, 1_000_000, None, None, 2, -1, 100, 0, 0, 0, None))
+        h.probe.push_step(StepRecord(DECODE, UNTIMED, 0, 1_000_000, None, None, 2, -1, 100, 0, 0, 0, None))
+        h.probe.push_step(StepRecord(DECODE, HOST, 0, 1_000_000, None, None, 2, -1, 100, 0, 0, 0, None))
         assert h.count(STEP, phase="decode") == 1
         assert h.count(MBU, phase="decode") == 1
         assert h.value("perfsdk_step_tokens_total", phase="decode") == 4

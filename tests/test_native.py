@@ -16,14 +16,13 @@ import threading
 from typing import Any
 
 import pytest
-from fake_gpu import FakeGpu
 from test_cuda_steps import wait_until, wire
 
 import perfsdk
 from perfsdk.errors import ConfigError
 from perfsdk.hotpath import Step
 from perfsdk.monitor import load_native
-from perfsdk.testing import FakeClock, monitor_harness
+from perfsdk.testing import FakeClock, ScriptedGpu, monitor_harness
 
 native = load_native()
 needs_c = pytest.mark.skipif(native is None, reason="perfsdk._native is not built here")
@@ -52,7 +51,7 @@ def test_hot_path_is_chosen_as_asked(asked: str | None, env: str | None, got: st
         step = h.monitor.decode(batch=1)
         assert isinstance(step, perfsdk.Step) and isinstance(step, perfsdk.Phase)  # the C Step is registered
         assert (type(step) is Step) == (got == "python")
-        assert h.monitor._core.implementation == got
+        assert h.probe.core_implementation == got
 
 
 def test_bad_hot_path_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,13 +96,14 @@ def test_no_reference_is_leaked_or_lost() -> None:
     exactly the references they started with."""
     clock = FakeClock()
     with monitor_harness(hot_path="c", clock=clock) as h:
-        gpu = FakeGpu()
+        gpu = ScriptedGpu()
         stream = 10**6 + 7  # an int object of its own (a stream handle), whose references can be counted
         gpu.make_stream = lambda: (lambda: stream)  # type: ignore[method-assign]
         pool = wire(h, gpu, capacity=64)
         mon = h.monitor
         seq_lens = [3, 4]
-        parts = (mon._core, mon._steps.hot, mon._hot_state, gpu)
+        objects = h.probe.hot_objects()
+        parts = (objects["core"], objects["hot"], objects["state"], gpu)
 
         def run(n: int) -> None:
             for i in range(n):
@@ -143,7 +143,7 @@ def test_only_exceptions_are_swallowed_not_interrupts(where: str) -> None:
     ``except Exception`` lets it through in the Python path."""
     clock = FakeClock()
     with monitor_harness(hot_path="c", clock=clock) as h:
-        gpu = FakeGpu()
+        gpu = ScriptedGpu()
         wire(h, gpu)
         mon = h.monitor
         raise_now: list[BaseException] = []
@@ -153,30 +153,23 @@ def test_only_exceptions_are_swallowed_not_interrupts(where: str) -> None:
                 raise raise_now[0]
             return 7
 
-        st = mon._hot_state
-        if where.startswith("nvtx"):
-            st.nvtx_on = True
-            setattr(st, where, maybe_raise)
-        elif where == "stream":
-            st.stream = maybe_raise
-        else:
-            def failing_clock() -> int:
-                maybe_raise()
-                return clock()
+        def failing_clock() -> int:
+            maybe_raise()
+            return clock()
 
-            st.clock = failing_clock
-        mon._bind_hot()
-        raise_now.append(RuntimeError("perfsdk's own failure"))
-        with mon.decode(batch=1):
-            pass
-        assert mon.stats()["internal_errors"] == 1
-        raise_now[0] = KeyboardInterrupt()
-        with pytest.raises(KeyboardInterrupt), mon.decode(batch=1):
-            pass
-        raise_now.clear()
-        clock.advance(0.01)
-        with mon.decode(batch=1):
-            gpu.now_ms += 2.0
+        hooks: dict[str, Any] = {"clock": failing_clock} if where == "clock" else {where: maybe_raise}
+        with h.probe.hooks(**hooks):
+            raise_now.append(RuntimeError("perfsdk's own failure"))
+            with mon.decode(batch=1):
+                pass
+            assert mon.stats()["internal_errors"] == 1
+            raise_now[0] = KeyboardInterrupt()
+            with pytest.raises(KeyboardInterrupt), mon.decode(batch=1):
+                pass
+            raise_now.clear()
+            clock.advance(0.01)
+            with mon.decode(batch=1):
+                gpu.now_ms += 2.0
         assert mon.flush(5)
         assert h.sum(STEP, phase="decode") >= 0.002  # the last step is timed normally
 
@@ -185,14 +178,14 @@ def test_only_exceptions_are_swallowed_not_interrupts(where: str) -> None:
 def test_a_thread_state_is_a_c_last_end_that_gives_its_event_back() -> None:
     clock = FakeClock()
     with monitor_harness(hot_path="c", clock=clock) as h:
-        gpu = FakeGpu()
+        gpu = ScriptedGpu()
         pool = wire(h, gpu)
         mon = h.monitor
 
         def serve() -> None:
             with mon.decode(batch=1):
                 gpu.now_ms += 1.0
-            local = mon._hot_state.local
+            local = h.probe.hot_objects()["state"].local
             assert type(local.h) is native.LastEnd and local.h.ev is not None
 
         t = threading.Thread(target=serve)
@@ -210,20 +203,21 @@ def test_odd_writes_to_the_c_state_do_not_crash() -> None:
     """What Python code can do to the C objects' attributes is handled, not a crash."""
     clock = FakeClock()
     with monitor_harness(hot_path="c", clock=clock) as h:
-        gpu = FakeGpu()
+        gpu = ScriptedGpu()
         wire(h, gpu)
         mon = h.monitor
-        del mon._steps.hot.window  # a member set to NULL
+        hot, state = h.probe.hot_objects()["hot"], h.probe.hot_objects()["state"]
+        del hot.window  # a member set to NULL
         with mon.decode(batch=1):
             pass
-        mon._steps.hot.window = None
+        hot.window = None
         with mon.decode(batch=1):
             pass
-        mon._hot_state.local.h.ev = None  # "none held", written from Python
+        state.local.h.ev = None  # "none held", written from Python
         with mon.decode(batch=1):
             pass
         with pytest.raises(KeyError):  # not a phase name: refused by the validating path
-            mon._steps.hot.step(b"decode", 1, None, 0, None)
+            hot.step(b"decode", 1, None, 0, None)
         assert mon.flush(5)
         assert h.count(STEP, phase="decode") == 3
         assert mon.stats()["internal_errors"] == 0

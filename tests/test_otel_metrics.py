@@ -96,5 +96,5 @@ def test_no_meter_provider_costs_nothing() -> None:
     clock = FakeClock()
     with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
         _run(h, clock)
-        core_feeds = h.monitor._core.feed_values
+        core_feeds = h.probe.feeds["value_feed"]
     assert core_feeds is False

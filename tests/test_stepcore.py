@@ -12,7 +12,6 @@ import random
 from typing import Any
 
 import pytest
-from fake_gpu import FakeGpu
 
 from perfsdk import budget
 from perfsdk.buckets import STEP, UTIL
@@ -181,13 +180,13 @@ def scripted_run(hot_path: str, seed: int) -> tuple[Any, ...]:
     Monitor on *hot_path*; everything its registry and its core report."""
     from prometheus_client import generate_latest
 
-    from perfsdk.testing import FakeClock, monitor_harness
+    from perfsdk.testing import FakeClock, ScriptedGpu, monitor_harness
 
     rng = random.Random(seed)
     clock = FakeClock()
-    gpu = FakeGpu(capacity=2048)
+    gpu = ScriptedGpu(capacity=2048)
     # one export, at the flush: sums of floats added in other groupings differ in their last bits
-    with monitor_harness(model=MODEL, hardware=HW, clock=clock, hot_path=hot_path, _events=gpu,
+    with monitor_harness(model=MODEL, hardware=HW, clock=clock, hot_path=hot_path, gpu=gpu,
                          step_span_rate=0.25, otel=False, export_interval=60) as h:
         mon = h.monitor
         for _ in range(400):
@@ -208,7 +207,7 @@ def scripted_run(hot_path: str, seed: int) -> tuple[Any, ...]:
                 pass
             clock.advance(rng.choice((0.0, 2e-6, 5e-5, 1e-3)))  # some chain, some start fresh
         assert mon.flush(10)
-        recent = tuple(mon._core.recent(p) for p in (PREFILL, DECODE, MIXED))
+        recent = tuple(h.probe.recent(p) for p in ("prefill", "decode", "mixed"))
         text = generate_latest(h.registry).decode()
         return recent, [ln for ln in text.splitlines() if not ln.startswith("#") and "_created" not in ln]
 

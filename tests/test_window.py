@@ -116,13 +116,15 @@ def fast_window(tmp_path: Path, **extra: Any) -> dict[str, Any]:
 
 
 def test_disabled_window_costs_one_attribute_read(mon: perfsdk.Monitor) -> None:
-    assert mon._window is None  # off unless enabled
+    assert mon.profile_status() is None  # off unless enabled
     w = mon.enable_profiler(directory="unused", min_free_mb=0)
-    assert w.hot is False and w.state == "idle"
+    assert w.armed is False and w.state == "idle"
+    with pytest.warns(DeprecationWarning, match="armed"):
+        assert w.hot is False  # the flag's old name, still read by code written for it
     with mon.decode(batch=1):
         pass
     assert mon.flush()
-    assert w.hot is False and w.state == "idle"
+    assert w.armed is False and w.state == "idle"
 
 
 def test_gate_blocks_during_warmup_and_batch_change_then_opens_when_steady(mon: perfsdk.Monitor,
@@ -134,17 +136,17 @@ def test_gate_blocks_during_warmup_and_batch_change_then_opens_when_steady(mon: 
     assert h.accepted
     for _ in range(5 + 3):  # 5 skipped + 3 of a 4-step window: not yet
         w.observe_step("decode", 0.010, 8, None)
-        assert not w.hot and w.state == "armed"
+        assert not w.armed and w.state == "armed"
     w.observe_step("decode", 0.010, 4, None)  # a new batch size: skip 5 again, window restarts
     for _ in range(5 + 2):
         w.observe_step("decode", 0.010, 4, None)
-    assert not w.hot and w.state == "armed"
+    assert not w.armed and w.state == "armed"
     w.observe_step("prefill", 0.5, 4, None)  # prefill steps are not what the gate watches
     w.observe_step("decode", 0.0101, 4, None)
-    assert w.hot and w.state == "ready"
+    assert w.armed and w.state == "ready"
     assert h.to_dict()["state"] == "ready"
     w.cancel()
-    assert not w.hot and w.state == "idle"
+    assert not w.armed and w.state == "idle"
 
 
 def test_gate_stays_closed_while_steps_vary(mon: perfsdk.Monitor, tmp_path: Path) -> None:
@@ -154,10 +156,10 @@ def test_gate_stays_closed_while_steps_vary(mon: perfsdk.Monitor, tmp_path: Path
     w.trigger()
     for i in range(50):
         w.observe_step("decode", 0.010 if i % 2 else 0.020, 8, None)  # CV = 1/3
-    assert w.state == "armed" and not w.hot
+    assert w.state == "armed" and not w.armed
     clock.t += 30  # the timeout: capture anyway, marked not steady
     w.observe_step("decode", 0.010, 8, None)
-    assert w.state == "ready" and w.hot and w._steady is False
+    assert w.state == "ready" and w.armed and w.steady is False
 
 
 def test_no_capture_during_warmup_on_a_real_loop(mon: perfsdk.Monitor, tmp_path: Path) -> None:
@@ -166,7 +168,7 @@ def test_no_capture_during_warmup_on_a_real_loop(mon: perfsdk.Monitor, tmp_path:
     with DecodeLoop(mon) as loop:
         assert wait_until(lambda: loop.steps >= 60)
         assert mon.flush()
-        assert w.state == "armed" and not w.hot
+        assert w.state == "armed" and not w.armed
     assert not (tmp_path / "traces").exists() or not list((tmp_path / "traces").iterdir())
     w.close()
     assert h.wait(5) is None and h.to_dict()["state"] == "closed"
@@ -228,7 +230,7 @@ def test_api_trigger_writes_a_trace_and_its_diagnosis(mon: perfsdk.Monitor, tmp_
     assert not old[0].exists() and not Path(f"{old[0]}.diagnosis.json").exists()
     assert old[1].exists()
     assert not [p for p in traces.iterdir() if p.name.startswith(".")]  # no temp files left
-    assert w.state == "idle" and not w.hot and w.captures == 1
+    assert w.state == "idle" and not w.armed and w.captures == 1
     assert h.to_dict()["state"] == "done" and h.to_dict()["result"]["trace"] == str(trace)
 
 
@@ -284,7 +286,7 @@ def test_steady_false_starts_the_capture_at_the_next_step(mon: perfsdk.Monitor, 
     for i in range(8):  # far fewer steps than the gate's warm-up and window: a gated capture never starts
         if i == 2:
             h = mon.profile(steps=3, steady=False)
-            assert h.to_dict()["state"] == "ready" and w.hot
+            assert h.to_dict()["state"] == "ready" and w.armed
         with mon.decode(batch=1, context_tokens=16):
             for _ in range(i + 1):  # step i leaves i + 1 mul_ ops in a trace: the steps can be told apart
                 x.mul_(1.0)
@@ -316,11 +318,11 @@ def test_one_window_at_a_time(mon: perfsdk.Monitor, tmp_path: Path) -> None:
 
 
 def test_disk_guard_refuses_with_a_reason(mon: perfsdk.Monitor, tmp_path: Path) -> None:
-    mon.enable_profiler(directory=tmp_path, min_free_mb=1e12)
+    w = mon.enable_profiler(directory=tmp_path, min_free_mb=1e12)
     info = mon.profile().to_dict()
     assert info["accepted"] is False
     assert info["reason"].startswith("disk: ") and "min_free_mb" in info["reason"]
-    assert mon._window.state == "idle"
+    assert w.state == "idle"
 
 
 def test_nsys_without_cuda_is_refused(mon: perfsdk.Monitor, tmp_path: Path) -> None:
@@ -348,7 +350,7 @@ def post(url: str, token: str | None = None) -> tuple[int, dict[str, Any]]:
 
 
 def test_http_trigger_on_loopback_without_token(mon: perfsdk.Monitor, tmp_path: Path) -> None:
-    mon.enable_profiler(**fast_window(tmp_path))
+    w = mon.enable_profiler(**fast_window(tmp_path))
     srv = mon.serve_metrics(port=0)
     with DecodeLoop(mon):
         code, body = post(f"{srv.url}/profile?steps=2&mode=torch")
@@ -357,20 +359,20 @@ def test_http_trigger_on_loopback_without_token(mon: perfsdk.Monitor, tmp_path: 
         assert code2 == 409 and body2["accepted"] is False and "one window at a time" in body2["reason"]
         assert post(f"{srv.url}/profile?steps=0")[0] == 400  # ConfigError names the field
         assert post(f"{srv.url}/profile?mode=perf")[0] == 400
-        assert wait_until(lambda: mon._window.last_result is not None, 60)
-    last = mon._window.last_result
+        assert wait_until(lambda: w.last_result is not None, 60)
+    last = w.last_result
     assert last.trigger == "http" and last.error is None and Path(last.trace).exists()
 
 
 def test_http_trigger_with_token(mon: perfsdk.Monitor, tmp_path: Path) -> None:
-    mon.enable_profiler(directory=tmp_path, min_free_mb=0)
+    w = mon.enable_profiler(directory=tmp_path, min_free_mb=0)
     srv = MetricsServer(mon, port=0, addr="127.0.0.1", token="s3cret")
     try:
         assert post(f"{srv.url}/profile")[0] == 401
         assert post(f"{srv.url}/profile", token="wrong")[0] == 401
-        assert mon._window.state == "idle"
+        assert w.state == "idle"
         code, body = post(f"{srv.url}/profile?steps=2", token="s3cret")
-        assert code == 202 and body["accepted"] is True and mon._window.state == "armed"
+        assert code == 202 and body["accepted"] is True and w.state == "armed"
     finally:
         srv.close()
 
@@ -394,7 +396,7 @@ def test_get_shows_the_window_and_delete_cancels_the_capture(mon: perfsdk.Monito
         code, body = http("GET", f"{srv.url}/profile")
         assert code == 200 and body["enabled"] is False and body["state"] == "idle" and body["last"] is None
         # no decode steps come: the capture stays armed
-        mon.enable_profiler(**fast_window(tmp_path))
+        w = mon.enable_profiler(**fast_window(tmp_path))
         code, first = post(f"{srv.url}/profile?steps=2", token="s3cret")
         assert code == 202
         code, second = post(f"{srv.url}/profile", token="s3cret")
@@ -405,7 +407,7 @@ def test_get_shows_the_window_and_delete_cancels_the_capture(mon: perfsdk.Monito
         assert body["current"]["steps"] == 2
         assert http("DELETE", f"{srv.url}/profile")[0] == 401  # a cancel needs the token, like a trigger
         assert http("DELETE", f"{srv.url}/profile", token="wrong")[0] == 401
-        assert mon._window.state == "armed"
+        assert w.state == "armed"
         code, body = http("DELETE", f"{srv.url}/profile", token="s3cret")
         assert code == 200 and body["cancelled"] is True and body["capture"]["id"] == first["id"]
         assert body["state"] == "idle" and body["current"] is None
@@ -415,7 +417,7 @@ def test_get_shows_the_window_and_delete_cancels_the_capture(mon: perfsdk.Monito
         with DecodeLoop(mon):
             code, third = post(f"{srv.url}/profile?steps=2", token="s3cret")
             assert code == 202
-            assert wait_until(lambda: mon._window.last_result is not None, 60)
+            assert wait_until(lambda: w.last_result is not None, 60)
         code, body = http("GET", f"{srv.url}/profile")
         last = body["last"]
         assert code == 200 and body["state"] == "idle" and body["captures"] == 1
@@ -428,17 +430,17 @@ def test_get_shows_the_window_and_delete_cancels_the_capture(mon: perfsdk.Monito
 
 
 def test_delete_stops_a_running_capture_at_the_next_step(mon: perfsdk.Monitor, tmp_path: Path) -> None:
-    mon.enable_profiler(**fast_window(tmp_path, steps=1000, max_capture_s=600))
+    w = mon.enable_profiler(**fast_window(tmp_path, steps=1000, max_capture_s=600))
     srv = mon.serve_metrics(port=0)
     with DecodeLoop(mon):
         handle = mon.profile(steps=1000, steady=False)
-        assert wait_until(lambda: mon._window.state == "running", 30)
+        assert wait_until(lambda: w.state == "running", 30)
         code, body = http("DELETE", f"{srv.url}/profile")
         assert code == 200 and body["cancelled"] is True and body["capture"]["state"] == "running"
         assert "next step" in body["note"]
         assert handle.wait(30) is not None
     assert handle.result is not None and handle.result.error == "cancelled over HTTP"
-    assert mon._window.state == "idle" and http("GET", f"{srv.url}/profile")[1]["current"] is None
+    assert w.state == "idle" and http("GET", f"{srv.url}/profile")[1]["current"] is None
 
 
 def test_binding_beyond_loopback_needs_a_token(mon: perfsdk.Monitor) -> None:
@@ -461,7 +463,7 @@ def test_sigusr2_triggers_and_close_restores_the_old_handler(mon: perfsdk.Monito
         assert signal.getsignal(signal.SIGUSR2) is not previous
         os.kill(os.getpid(), signal.SIGUSR2)
         assert wait_until(lambda: w.state == "armed", 10)
-        assert w._handle is not None and w._handle.trigger == "signal"
+        assert w.status()["current"]["trigger"] == "signal"
         w.close()
         assert signal.getsignal(signal.SIGUSR2) is previous
         os.kill(os.getpid(), signal.SIGUSR2)
@@ -548,7 +550,7 @@ def test_automatic_trigger_with_cooldown_and_hourly_cap(mon: perfsdk.Monitor, tm
     feed_mbu(w, 0.30, 1)  # one low window is not enough
     assert w.state == "idle"
     feed_mbu(w, 0.30, 1)
-    assert w.state == "armed" and w._handle is not None and w._handle.trigger == "auto"
+    assert w.state == "armed" and w.status()["current"]["trigger"] == "auto"
     assert w.auto_fired == 1
     w.cancel()
 
@@ -596,19 +598,19 @@ def test_failing_profiler_leaves_the_loop_serving(mon: perfsdk.Monitor, tmp_path
         raise RuntimeError("profiler exploded")
 
     w = mon.enable_profiler(**fast_window(tmp_path))
-    errors_before = mon._errors.count
+    errors_before = mon.stats()["internal_errors"]
     with DecodeLoop(mon) as loop:
         monkeypatch.setattr(torch.profiler, "profile", broken)
         h = w.trigger()
         result = h.wait(60)
         assert result is not None and result.error is not None and "profiler exploded" in result.error
-        assert w.state == "idle" and not w.hot and w.failures == 1
+        assert w.state == "idle" and not w.armed and w.failures == 1
         steps = loop.steps
         assert wait_until(lambda: loop.steps >= steps + 20)  # still serving
         monkeypatch.undo()
         again = w.trigger().wait(60)  # and the window works again
     assert not loop.errors
-    assert mon._errors.count == errors_before + 1
+    assert mon.stats()["internal_errors"] == errors_before + 1
     assert again is not None and again.error is None and again.trace is not None
     assert mon.flush() and mon.stats()["decode"]["steps"] >= loop.steps - 1
 
@@ -625,7 +627,7 @@ def test_failing_profiler_leaves_the_loop_serving(mon: perfsdk.Monitor, tmp_path
 def test_bad_config_names_the_field(mon: perfsdk.Monitor, field: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=field):
         ProfilerWindow(mon, **{field: value})
-    assert mon._window is None
+    assert mon.profile_status() is None
 
 
 def test_enable_profiler_again_replaces_the_window_and_stats_report_it(tmp_path: Path) -> None:
@@ -636,11 +638,11 @@ def test_enable_profiler_again_replaces_the_window_and_stats_report_it(tmp_path:
         assert h.monitor.enable_profiler() is first  # no settings: the same window
         second = h.monitor.enable_profiler(directory=str(tmp_path), steps=3)
         assert second is not first
-        assert h.monitor._window is second
+        assert h.monitor.enable_profiler() is second
         assert "profiler" in h.monitor.stats()
         with pytest.raises(ConfigError):
             h.monitor.enable_profiler(steps=0)
-        assert h.monitor._window is second  # a bad setting leaves the working window in place
+        assert h.monitor.enable_profiler() is second  # a bad setting leaves the working window in place
 
 
 # ---- against the unprofiled step, and the kernels against the peak -----------------------------------------

@@ -15,8 +15,8 @@
  * serialised.
  *
  * Types:
- *   Hot      one per Monitor, built from a perfsdk.hotpath.HotState (the same fields, read once);
- *            hot.step(...) makes a Step.
+ *   Hot      one per Monitor, built from a perfsdk.hotpath.HotState (the same fields, read once) by the
+ *            Monitor's perfsdk.recorder.NativeRecorder, which alone sets its window; hot.step(...) makes a Step.
  *   Step     one `with`: __enter__, __exit__, __call__ (decorator).
  *   LastEnd  one per serving thread (in a threading.local): the thread's last timed step's end event.
  */
@@ -51,7 +51,7 @@ static inline void exc_restore(saved_exc s) {
 #endif
 }
 
-static PyObject *str_hot, *str_step_begin, *str_step_end, *str_h, *str_qualname, *str_prefill, *str_decode,
+static PyObject *str_armed, *str_step_begin, *str_step_end, *str_h, *str_qualname, *str_prefill, *str_decode,
     *str_mixed, *str_enter_where, *str_exit_where, *str_nvtx_where;
 static PyTypeObject LastEndType, StepType, HotType;
 
@@ -159,7 +159,7 @@ typedef struct {
     PyObject *local;          /* threading.local whose .h is this thread's LastEnd */
     int nvtx_on;
     PyObject *nvtx_push, *nvtx_pop;
-    PyObject *window;         /* the profiler window or None (the Monitor sets it when it changes) */
+    PyObject *window;         /* the profiler window or None (set by the Recorder's set_window only) */
     PyObject *decorate;       /* (step, fn) -> wrapped fn */
     PyObject *slow_step;      /* (phase, batch, tokens, context_tokens, seq_lens) -> a step */
     long long chain_gap_ns;
@@ -167,7 +167,7 @@ typedef struct {
     long long count;          /* steps entered (for every) */
     long long last_exit;      /* exit number of the latest timed step (0: an untimed one came after it) */
     long long exit_seq;
-    long long untimed;        /* steps counted but not timed: every event in flight */
+    long long event_pool_empty; /* steps counted but not timed because every event was in flight */
     int timed;                /* the core has events */
 } Hot;
 
@@ -258,6 +258,7 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->nvtx_on = (int)attr_ll(st, "nvtx_on", &ok);
     self->chain_gap_ns = attr_ll(st, "chain_gap_ns", &ok);
     self->every = attr_ll(st, "every", &ok);
+    self->event_pool_empty = attr_ll(st, "event_pool_empty", &ok);  /* what a previous binding counted */
     if (!ok) goto fail;
     if (!self->local || !self->slow_step || !self->decorate || !self->errors_record) {
         PyErr_SetString(PyExc_ValueError, "Hot: state needs local, slow_step, decorate and errors");
@@ -363,12 +364,12 @@ static LastEnd *thread_last(Hot *hot) {
     return (LastEnd *)h;
 }
 
-/* The profiler window's hook, when a window is set and hot. */
+/* The profiler window's hook, when a window is set and armed. */
 static int window_hook(Hot *hot, PyObject *name, PyObject *phase) {
     PyObject *w = hot->window;
     if (w == NULL || w == Py_None) return 0;
     Py_INCREF(w);
-    PyObject *flag = PyObject_GetAttr(w, str_hot);
+    PyObject *flag = PyObject_GetAttr(w, str_armed);
     int on = flag ? PyObject_IsTrue(flag) : -1;
     Py_XDECREF(flag);
     if (on > 0) {
@@ -540,7 +541,7 @@ static int enter_timed(Step *self, Hot *hot, int have_stream) {
     int32_t end = core_acquire(hot->core);
     if (end == -2) return -1;
     if (end == NO_EVENT) {
-        hot->untimed++;  /* every event in flight: counted, not timed */
+        hot->event_pool_empty++;  /* every event in flight: counted, not timed */
         self->timed = -1;
         if (now_ns(hot, &self->t0) < 0) return -1;
         return 0;
@@ -572,7 +573,7 @@ static int enter_timed(Step *self, Hot *hot, int have_stream) {
         core_unref(hot->core, end);  /* never recorded: nobody else knows it */
         self->end = NO_EVENT;
         self->timed = -1;
-        hot->untimed++;
+        hot->event_pool_empty++;
         Py_DECREF(h);
         return 0;
     }
@@ -853,9 +854,10 @@ static PyMethodDef hot_methods[] = {
     {NULL}};
 
 static PyMemberDef hot_members[] = {
-    {"window", T_OBJECT, offsetof(Hot, window), 0, "the Monitor's profiler window (None: none)"},
+    {"window", T_OBJECT, offsetof(Hot, window), 0, "the profiler window, None: none (Recorder.set_window sets it)"},
     {"last_exit", T_LONGLONG, offsetof(Hot, last_exit), READONLY, "exit number of the latest timed step"},
-    {"untimed", T_LONGLONG, offsetof(Hot, untimed), READONLY, "steps not timed: every event in flight"},
+    {"event_pool_empty", T_LONGLONG, offsetof(Hot, event_pool_empty), READONLY,
+     "steps counted but not timed because every event was in flight"},
     {NULL}};
 
 static PyTypeObject HotType = {
@@ -918,7 +920,7 @@ static PyMethodDef hotpath_functions[] = {
 #define INTERN(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
 
 int init_hotpath(PyObject *module) {
-    INTERN(str_hot, "hot");
+    INTERN(str_armed, "armed");
     INTERN(str_step_begin, "step_begin");
     INTERN(str_step_end, "step_end");
     INTERN(str_h, "h");
