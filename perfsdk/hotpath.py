@@ -10,7 +10,7 @@ steps to a step core (:mod:`perfsdk.stepcore`) through :class:`~perfsdk.records.
 Per step, on the serving thread:
 
 1. *enter* — skip everything inside CUDA-graph capture or a torch.compile trace (that code runs once,
-   at capture time); call the profiler window's hook while it is armed; take an *end* event from
+   at capture time); call the profiler window's hook while it wants steps; take an *end* event from
    the pool and either start from this thread's previous step's end event (same stream, no other step
    exited since, entered within ``chain_gap_us`` of its exit: one record per step) or record a fresh
    start; push an NVTX range when a tool is attached;
@@ -92,7 +92,7 @@ class HotState:
     nvtx_on: bool = False
     nvtx_push: Callable[[str, int], Any] = lambda phase, batch: None
     nvtx_pop: Callable[[], Any] = lambda: None
-    window: Any = None                    # the profiler window (its .armed is read every step), or None
+    window: Any = None                    # the profiler window (its .wants_steps is read every step), or None
     decorate: Callable[[Any, Any], Any] | None = None   # (step, fn) -> fn with each call one step
     slow_step: Callable[..., Any] | None = None          # the validating constructor (odd sizes)
     chain_gap_ns: int = 10_000
@@ -226,7 +226,7 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
                 self._state = _SKIPPED  # capture/trace time: the work is not really running now
                 return self
             w = hot.window
-            if w is not None and w.armed:
+            if w is not None and w.wants_steps:
                 w.step_begin(self._phase)
             clock = hot.clock or time.perf_counter_ns
             pool = hot.pool
@@ -339,7 +339,7 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
             if not hot.core.push(rec) and ev:
                 _let_go(hot, ev)  # dropped (the core is behind): the step's holds end here
             w = hot.window
-            if w is not None and w.armed:
+            if w is not None and w.wants_steps:
                 w.step_end(self._phase)
         except Exception as e:
             hot.errors.record(e, f"{self._phase}.__exit__")

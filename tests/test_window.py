@@ -118,13 +118,13 @@ def fast_window(tmp_path: Path, **extra: Any) -> dict[str, Any]:
 def test_disabled_window_costs_one_attribute_read(mon: perfsdk.Monitor) -> None:
     assert mon.profile_status() is None  # off unless enabled
     w = mon.enable_profiler(directory="unused", min_free_mb=0)
-    assert w.armed is False and w.state == "idle"
-    with pytest.warns(DeprecationWarning, match="armed"):
+    assert w.wants_steps is False and w.state == "idle"
+    with pytest.warns(DeprecationWarning, match="wants_steps"):
         assert w.hot is False  # the flag's old name, still read by code written for it
     with mon.decode(batch=1):
         pass
     assert mon.flush()
-    assert w.armed is False and w.state == "idle"
+    assert w.wants_steps is False and w.state == "idle"
 
 
 def test_gate_blocks_during_warmup_and_batch_change_then_opens_when_steady(mon: perfsdk.Monitor,
@@ -136,17 +136,17 @@ def test_gate_blocks_during_warmup_and_batch_change_then_opens_when_steady(mon: 
     assert h.accepted
     for _ in range(5 + 3):  # 5 skipped + 3 of a 4-step window: not yet
         w.observe_step("decode", 0.010, 8, None)
-        assert not w.armed and w.state == "armed"
+        assert not w.wants_steps and w.state == "armed"
     w.observe_step("decode", 0.010, 4, None)  # a new batch size: skip 5 again, window restarts
     for _ in range(5 + 2):
         w.observe_step("decode", 0.010, 4, None)
-    assert not w.armed and w.state == "armed"
+    assert not w.wants_steps and w.state == "armed"
     w.observe_step("prefill", 0.5, 4, None)  # prefill steps are not what the gate watches
     w.observe_step("decode", 0.0101, 4, None)
-    assert w.armed and w.state == "ready"
+    assert w.wants_steps and w.state == "ready"
     assert h.to_dict()["state"] == "ready"
     w.cancel()
-    assert not w.armed and w.state == "idle"
+    assert not w.wants_steps and w.state == "idle"
 
 
 def test_gate_stays_closed_while_steps_vary(mon: perfsdk.Monitor, tmp_path: Path) -> None:
@@ -156,10 +156,10 @@ def test_gate_stays_closed_while_steps_vary(mon: perfsdk.Monitor, tmp_path: Path
     w.trigger()
     for i in range(50):
         w.observe_step("decode", 0.010 if i % 2 else 0.020, 8, None)  # CV = 1/3
-    assert w.state == "armed" and not w.armed
+    assert w.state == "armed" and not w.wants_steps
     clock.t += 30  # the timeout: capture anyway, marked not steady
     w.observe_step("decode", 0.010, 8, None)
-    assert w.state == "ready" and w.armed and w.steady is False
+    assert w.state == "ready" and w.wants_steps and w.steady is False
 
 
 def test_no_capture_during_warmup_on_a_real_loop(mon: perfsdk.Monitor, tmp_path: Path) -> None:
@@ -168,7 +168,7 @@ def test_no_capture_during_warmup_on_a_real_loop(mon: perfsdk.Monitor, tmp_path:
     with DecodeLoop(mon) as loop:
         assert wait_until(lambda: loop.steps >= 60)
         assert mon.flush()
-        assert w.state == "armed" and not w.armed
+        assert w.state == "armed" and not w.wants_steps
     assert not (tmp_path / "traces").exists() or not list((tmp_path / "traces").iterdir())
     w.close()
     assert h.wait(5) is None and h.to_dict()["state"] == "closed"
@@ -230,7 +230,7 @@ def test_api_trigger_writes_a_trace_and_its_diagnosis(mon: perfsdk.Monitor, tmp_
     assert not old[0].exists() and not Path(f"{old[0]}.diagnosis.json").exists()
     assert old[1].exists()
     assert not [p for p in traces.iterdir() if p.name.startswith(".")]  # no temp files left
-    assert w.state == "idle" and not w.armed and w.captures == 1
+    assert w.state == "idle" and not w.wants_steps and w.captures == 1
     assert h.to_dict()["state"] == "done" and h.to_dict()["result"]["trace"] == str(trace)
 
 
@@ -286,7 +286,7 @@ def test_steady_false_starts_the_capture_at_the_next_step(mon: perfsdk.Monitor, 
     for i in range(8):  # far fewer steps than the gate's warm-up and window: a gated capture never starts
         if i == 2:
             h = mon.profile(steps=3, steady=False)
-            assert h.to_dict()["state"] == "ready" and w.armed
+            assert h.to_dict()["state"] == "ready" and w.wants_steps
         with mon.decode(batch=1, context_tokens=16):
             for _ in range(i + 1):  # step i leaves i + 1 mul_ ops in a trace: the steps can be told apart
                 x.mul_(1.0)
@@ -604,7 +604,7 @@ def test_failing_profiler_leaves_the_loop_serving(mon: perfsdk.Monitor, tmp_path
         h = w.trigger()
         result = h.wait(60)
         assert result is not None and result.error is not None and "profiler exploded" in result.error
-        assert w.state == "idle" and not w.armed and w.failures == 1
+        assert w.state == "idle" and not w.wants_steps and w.failures == 1
         steps = loop.steps
         assert wait_until(lambda: loop.steps >= steps + 20)  # still serving
         monkeypatch.undo()

@@ -51,7 +51,7 @@ static inline void exc_restore(saved_exc s) {
 #endif
 }
 
-static PyObject *str_armed, *str_step_begin, *str_step_end, *str_h, *str_qualname, *str_prefill, *str_decode,
+static PyObject *str_wants_steps, *str_step_begin, *str_step_end, *str_h, *str_qualname, *str_prefill, *str_decode,
     *str_mixed, *str_enter_where, *str_exit_where, *str_nvtx_where;
 static PyTypeObject LastEndType, StepType, HotType;
 
@@ -369,7 +369,7 @@ static int window_hook(Hot *hot, PyObject *name, PyObject *phase) {
     PyObject *w = hot->window;
     if (w == NULL || w == Py_None) return 0;
     Py_INCREF(w);
-    PyObject *flag = PyObject_GetAttr(w, str_armed);
+    PyObject *flag = PyObject_GetAttr(w, str_wants_steps);
     int on = flag ? PyObject_IsTrue(flag) : -1;
     Py_XDECREF(flag);
     if (on > 0) {
@@ -920,7 +920,7 @@ static PyMethodDef hotpath_functions[] = {
 #define INTERN(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
 
 int init_hotpath(PyObject *module) {
-    INTERN(str_armed, "armed");
+    INTERN(str_wants_steps, "wants_steps");
     INTERN(str_step_begin, "step_begin");
     INTERN(str_step_end, "step_end");
     INTERN(str_h, "h");

@@ -49,13 +49,13 @@ to a :class:`~perfsdk.profiling.steady.SteadyGate`; when the step-time coefficie
 over the last *steady_window* steps of one batch size drops under *steady_cv* (the first
 *warmup_steps* steps after enabling, and after every batch-size change, are skipped), or when
 *steady_timeout_s* have passed since arming (the capture is then marked ``steady=False``), the
-window is ``ready`` and :attr:`ProfilerWindow.armed` turns True: the serving thread's next step starts
-the capture. (``armed`` is the flag the steps read, True while ``ready`` or ``running``; it is ``hot``
+window is ``ready`` and :attr:`ProfilerWindow.wants_steps` turns True: the serving thread's next step starts
+the capture. (``wants_steps`` is the flag the steps read, True while ``ready`` or ``running``; it is ``hot``
 in ``status()``, and ``ProfilerWindow.hot`` is its old name.)
 
-**The capture.** While ``armed``, each step calls :meth:`~ProfilerWindow.step_begin` and
+**The capture.** While ``wants_steps``, each step calls :meth:`~ProfilerWindow.step_begin` and
 :meth:`~ProfilerWindow.step_end` on the serving thread: the profiler is started, stepped and
-stopped there (see :mod:`perfsdk.profiling.capture`), never from another thread. When ``armed`` is
+stopped there (see :mod:`perfsdk.profiling.capture`), never from another thread. When ``wants_steps`` is
 False (always, unless a capture is imminent or running) the cost to a step is one attribute read.
 The schedule (*wait*, *warmup*, *steps*) counts decode steps; prefill and mixed steps that fall
 inside the window are recorded (each in its ``perfsdk.<phase>`` range) but not counted, and a
@@ -209,8 +209,8 @@ class ProfilerWindow:
         self._reference: Unprofiled | None = None
         self._reference_note = ""
         self._clock: Callable[[], float] = clock or time.monotonic
-        # armed is the one attribute the serving thread reads per step; written under _lock only
-        self.armed = False
+        # wants_steps is the one attribute the serving thread reads per step; written under _lock only
+        self.wants_steps = False
         self._lock = threading.Lock()
         self._state = IDLE
         self._handle: CaptureHandle | None = None
@@ -259,11 +259,11 @@ class ProfilerWindow:
 
     @property
     def hot(self) -> bool:
-        """Deprecated: the old name of :attr:`armed` (``hot`` now names the hot path only)."""
+        """Deprecated: the old name of :attr:`wants_steps` (``hot`` now names the hot path only)."""
         import warnings
 
-        warnings.warn("ProfilerWindow.hot is deprecated: read ProfilerWindow.armed", DeprecationWarning, stacklevel=2)
-        return self.armed
+        warnings.warn("ProfilerWindow.hot is deprecated: read ProfilerWindow.wants_steps", DeprecationWarning, stacklevel=2)
+        return self.wants_steps
 
     @property
     def steady(self) -> bool:
@@ -307,7 +307,7 @@ class ProfilerWindow:
                 self._take_reference()
                 self._state = READY
                 handle.state = READY
-                self.armed = True
+                self.wants_steps = True
         log.info("perfsdk profile: capture %d %s (%s, %s, %d steps)", handle.id,
                  "armed; waiting for steady decode steps" if steady else "ready; starts at the next step",
                  reason, mode, steps)
@@ -342,7 +342,7 @@ class ProfilerWindow:
         """Back to idle (caller holds the lock); returns the handle to finish outside it."""
         handle, self._handle = self._handle, None
         self._state = IDLE
-        self.armed = False
+        self.wants_steps = False
         self._session = None
         self._owner = None
         self._reset_gate = True  # profiled steps are slower: the collector starts the steady check afresh
@@ -382,7 +382,7 @@ class ProfilerWindow:
             self._take_reference()
             self._state = READY
             self._handle.state = READY
-            self.armed = True  # from now on the serving thread's next step starts the profiler
+            self.wants_steps = True  # from now on the serving thread's next step starts the profiler
         if not steady:
             log.warning("perfsdk profile: decode steps not steady after %.0f s (step-time CV %s); capturing "
                         "anyway, marked not steady", self.steady_timeout_s,
@@ -411,9 +411,9 @@ class ProfilerWindow:
                         "capture %d armed", det.last_window if det and det.last_window is not None else 0.0,
                         det.drop * 100 if det else 0, det.windows if det else 0, handle.id)
 
-    # ---- serving thread (only while armed) ----------------------------------------------------------
+    # ---- serving thread (only while it wants steps) ----------------------------------------------------------
     def step_begin(self, phase: str) -> None:
-        """Before a step, while armed: start the profiler at the first one, open the step's range."""
+        """Before a step, while it wants steps: start the profiler at the first one, open the step's range."""
         try:
             if self._state == READY and not self._start():
                 return
@@ -429,7 +429,7 @@ class ProfilerWindow:
             self._fail(e, "profiler window step_begin")
 
     def step_end(self, phase: str) -> None:
-        """After a step, while armed: close its range, step the schedule, stop at the end of the window."""
+        """After a step, while it wants steps: close its range, step the schedule, stop at the end of the window."""
         if self._state != RUNNING or threading.get_ident() != self._owner:
             return
         try:
@@ -484,13 +484,13 @@ class ProfilerWindow:
             self.failures += 1
             self._abort(f"failed: {type(exc).__name__}: {exc}")
         except Exception:
-            self.armed = False
+            self.wants_steps = False
 
     def _hand_off(self, session: Session, truncated: bool) -> None:
         with self._lock:
             handle = self._handle
             self._state = WRITING
-            self.armed = False
+            self.wants_steps = False
             self._session = None
             self._owner = None
             if handle is None:
@@ -575,7 +575,7 @@ class ProfilerWindow:
         return {
             "state": state,
             "current": None if handle is None else handle.to_dict(),
-            "hot": self.armed,  # the key keeps its old name: status() is public
+            "hot": self.wants_steps,  # the key keeps its old name: status() is public
             "mode": self.mode,
             "captures": self.captures,
             "failures": self.failures,
