@@ -262,7 +262,8 @@ class ProfilerWindow:
         """Deprecated: the old name of :attr:`wants_steps` (``hot`` now names the hot path only)."""
         import warnings
 
-        warnings.warn("ProfilerWindow.hot is deprecated: read ProfilerWindow.wants_steps", DeprecationWarning, stacklevel=2)
+        warnings.warn("ProfilerWindow.hot is deprecated: read ProfilerWindow.wants_steps", DeprecationWarning,
+                      stacklevel=2)
         return self.wants_steps
 
     @property
