@@ -150,7 +150,7 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
     if use_c:
         from perfsdk.stepcore import native_core
 
-        core = native_core(native, costs, cfg.queue_size, cfg.step_span_rate, cfg.poll_interval, addresses,
+        core = native_core(costs, cfg.queue_size, cfg.step_span_rate, cfg.poll_interval, addresses,
                            event_capacity if api is not None else 0, event_prefill,
                            api.new if api is not None else None, api.destroy if api is not None else None)
     else:

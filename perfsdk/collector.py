@@ -46,6 +46,7 @@ from perfsdk.records import (
     Flush,
     MeasuredLatencies,
     MeasuredRequest,
+    RecentSteps,
     Request,
     RequestQueue,
     finish_reason_label,
@@ -198,7 +199,7 @@ class Collector(threading.Thread):
         # an OpenTelemetry metrics sink wants each step's values once a meter provider is set (checked each round)
         self.core.feed_values = any(getattr(s, "wants_step_values", False) for s in self.sinks)
         totals: StepTotals = self.core.take()
-        self.values_dropped += totals.values_dropped
+        self.values_dropped += totals.value_feed_dropped
         for site, message in self.core.take_errors():
             self.errors.log_once(site, message)
         if totals.empty():
@@ -210,10 +211,10 @@ class Collector(threading.Thread):
                 if counts and counts[-1] and (code, kind) not in self._suspect_logged:
                     self._log_suspect(code, kind, counts[-1])
         w = self.window
-        if w is not None and totals.window:
+        if w is not None and totals.window_feed:
             try:
-                for seconds, batch, mbu in totals.window:
-                    w.observe_step("decode", seconds, batch, mbu)
+                for e in totals.window_feed:
+                    w.observe_step("decode", e.seconds, e.batch, e.mbu)
             except Exception as e:
                 self.errors.record(e, "profiler window feed")
         return True
@@ -221,8 +222,8 @@ class Collector(threading.Thread):
     def _log_suspect(self, code: int, kind: str, n: int) -> None:
         """A utilisation above 1 is impossible: say so once per phase and quantity, naming the peak in use."""
         self._suspect_logged.add((code, kind))
-        recent = self.core.recent(code)
-        values = recent[3] if kind == "mbu" else recent[4]
+        recent: RecentSteps = self.core.recent(code)
+        values = recent.mbu if kind == "mbu" else recent.mfu
         worst = max(values, default=float("nan"))
         what = "bandwidth" if kind == "mbu" else "dense FLOP/s"
         log.warning(
@@ -329,7 +330,7 @@ class Collector(threading.Thread):
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for code, phase in enumerate(PHASES):
-            out[phase] = summary(*self.core.recent(code))
+            out[phase] = summary(self.core.recent(code))
         out["dropped_records"] = self.core.dropped + self.requests.dropped
         out["untimed_steps_event_pool_empty"] = self._untimed()
         out["internal_errors"] = self.errors.count + self.core.errors
@@ -338,14 +339,16 @@ class Collector(threading.Thread):
         return out
 
 
-def summary(steps: int, errors: int, secs: list[float], mbu: list[float], mfu: list[float]) -> dict[str, Any]:
-    """One phase's rolling statistics (the last few thousand steps).
+def summary(recent: RecentSteps) -> dict[str, Any]:
+    """One phase's rolling statistics (its last :data:`~perfsdk.records.RECENT` steps).
 
     ``mbu_suspect`` / ``mfu_suspect`` (present only then) say why a utilisation figure cannot be trusted: some
     of these steps had an MBU or MFU above 1, which no step can reach — the peak or the measurement is wrong.
     """
 
-    def pct(xs: list[float], q: float) -> float | None:
+    steps, errors, secs, mbu, mfu = recent.steps, recent.errors, recent.seconds, recent.mbu, recent.mfu
+
+    def pct(xs: Sequence[float], q: float) -> float | None:
         if not xs:
             return None
         s = sorted(xs)

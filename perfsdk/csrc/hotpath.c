@@ -28,7 +28,6 @@
 #define STATE_IDLE 0
 #define STATE_OPEN 1
 #define STATE_SKIPPED 2
-#define LENS_SQ_MAX (((int64_t)1) << 62)
 
 /* Keep the current exception aside while calling Python, then put it back. */
 typedef struct { PyObject *a, *b, *c; } saved_exc;
