@@ -164,8 +164,9 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
         compiling, cuda_capturing = None, getattr(events, "capture_check", None)
     capturing = (cuda_capturing if use_c or events is not None else _timing.capture_check(use_cuda)) if enabled \
         else None
+    requests = RequestQueue(cfg.queue_size, clock, errors, cfg.strict)
     hot_state = HotState(
-        core=core, errors=errors,
+        core=core, errors=errors, requests=requests,
         local=ThreadSteps(native.LastEnd if native is not None and use_c else LastEnd, core if use_c else pool),
         clock=None if use_c and clock is time.perf_counter_ns and sys.platform.startswith("linux") else clock,
         capturing=capturing,
@@ -182,7 +183,7 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
         timing="cuda" if use_cuda else "host", cuda_events=api.name if api is not None else None,
         hot_path="c" if use_c or (cfg.hot_path == "c" and not enabled) else "python", nvtx_backend=nv.backend,
         rank=rank, rank_label=rank_label, registry=registry, prom=prom, otel=otel, sinks=sinks,
-        requests=RequestQueue(cfg.queue_size, clock, errors, cfg.strict), core=core, pool=pool, api=api,
+        requests=requests, core=core, pool=pool, api=api,
         hot_state=hot_state, compiling=compiling if (compiling is not None and use_c) else _never,
     )
 
@@ -291,7 +292,7 @@ class StepMaker:
         if self.strict:
             raise e
         self.errors.record(e, f"{phase}() sizes")
-        return NoStep(phase)
+        return NoStep(phase, self.state.requests)  # its tokens are still the requests'
 
     @property
     def untimed(self) -> int:

@@ -6,11 +6,13 @@ GIL for every few hundred steps — and:
 
 * takes the step totals (:meth:`~perfsdk.stepcore.PyStepCore.take`) and hands them to every sink,
   and every decode step's time to the profiler window while one listens;
-* drains the request queue (:class:`~perfsdk.records.RequestQueue`): a first token is a TTFT; a
-  finished request becomes a :class:`~perfsdk.sinks.RequestResult` (queue time, inter-token gaps, TPOT,
-  duration, its bounded finish-reason label, and its span); values an engine measured itself go the same way;
+* drains the request queue (:class:`~perfsdk.records.RequestQueue`) in order: a first token is a TTFT; a
+  :class:`~perfsdk.records.Tokens` event (one per step, for every request it emitted a token for) updates
+  each of those requests here, off the serving thread, its first token a TTFT; a finished request becomes a
+  :class:`~perfsdk.sinks.RequestResult` (queue time, inter-token gaps, TPOT, duration, its bounded
+  finish-reason label, and its span); values an engine measured itself go the same way;
 * hands perfsdk's own losses (records dropped, internal errors, spans dropped by a cap: the core's
-  sample of step spans beyond :data:`~perfsdk.stepcore.SAMPLES` per take, the span thread's full queue)
+  sample of step spans beyond :data:`~perfsdk.records.SAMPLES` per take, the span thread's full queue)
   to the sinks as deltas, and logs each new failure site of the core once;
 * never observes a negative duration: a request whose finish reads before its last token or its arrival
   (a clock that went backwards) has no duration or TPOT observed, and an engine's TTFT beyond its own
@@ -39,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from perfsdk._guard import ErrorGuard
+from perfsdk.errors import ConfigError
 from perfsdk.records import (
     PHASES,
     Finished,
@@ -46,13 +49,15 @@ from perfsdk.records import (
     Flush,
     MeasuredLatencies,
     MeasuredRequest,
+    NullRequest,
     RecentSteps,
     Request,
     RequestQueue,
+    Tokens,
     finish_reason_label,
 )
 from perfsdk.sinks import RequestResult, Sink
-from perfsdk.stepcore import StepTotals
+from perfsdk.stepcore import StepCore, StepTotals
 
 __all__ = ["Collector", "summary"]
 
@@ -69,7 +74,7 @@ _yield = time.sleep  # time.sleep(0) lets go of the GIL and takes it back: a wai
 class Collector(threading.Thread):
     """Reads the step core and the request queue, feeds the sinks (see the module docstring)."""
 
-    def __init__(self, core: Any, requests: RequestQueue, sinks: Sequence[Sink], errors: ErrorGuard, *,
+    def __init__(self, core: StepCore, requests: RequestQueue, sinks: Sequence[Sink], errors: ErrorGuard, *,
                  model: str, operation: str, epoch_offset_ns: int, export_interval: float,
                  untimed: Callable[[], int], peaks: dict[str, str] | None = None,
                  spans_dropped: Callable[[], dict[str, int]] | None = None) -> None:
@@ -154,15 +159,21 @@ class Collector(threading.Thread):
         results: list[RequestResult] = []
         flushes: list[Flush] = []
         q = self.requests
-        for i in range(len(q)):  # what is queued now; later events wait for the next round
+        work = 0  # events read, and requests a Tokens event updated, since the GIL was last let go of
+        for _ in range(len(q)):  # what is queued now; later events wait for the next round
             ev = q.pop()
             if ev is None:
                 break
-            if i & 31 == 31:
+            work += 1
+            if work >= 32:
+                work = 0
                 _yield(0)
             self.processed += 1
             try:
-                if isinstance(ev, FirstToken):
+                if isinstance(ev, Tokens):
+                    self._tokens(ev, ttft)
+                    work += len(ev.requests) // 4
+                elif isinstance(ev, FirstToken):
                     req = ev.request
                     if req.first_token_ns is not None:
                         ttft.append((req.first_token_ns - req.arrival_ns) / 1e9)
@@ -222,7 +233,7 @@ class Collector(threading.Thread):
     def _log_suspect(self, code: int, kind: str, n: int) -> None:
         """A utilisation above 1 is impossible: say so once per phase and quantity, naming the peak in use."""
         self._suspect_logged.add((code, kind))
-        recent: RecentSteps = self.core.recent(code)
+        recent = self.core.recent(code)
         values = recent.mbu if kind == "mbu" else recent.mfu
         worst = max(values, default=float("nan"))
         what = "bandwidth" if kind == "mbu" else "dense FLOP/s"
@@ -278,7 +289,32 @@ class Collector(threading.Thread):
                     self._each("dropped_spans", reason, n)
 
     # ---- requests ----------------------------------------------------------------------------------
+    def _tokens(self, ev: Tokens, ttft: list[float]) -> None:
+        """One emission of *ev.n* tokens at *ev.t_ns* for each of *ev.requests* (``step.tokens``, ``mon.tokens``):
+        each request's record updated as :meth:`~perfsdk.records.Request.tokens` at that time would have, its
+        first token a TTFT. A request whose finish came first (its Finished event read already, or a finish
+        stamped before *t_ns*) is closed: its late token is not its. Anything else odd is counted, never raised."""
+        t, n = ev.t_ns, ev.n
+        for r in ev.requests:
+            if not isinstance(r, Request) or r._q is not self.requests:
+                if not isinstance(r, NullRequest):  # a disabled Monitor's request: nothing to record
+                    self.errors.record(ConfigError(f"expected this Monitor's requests, got {r!r}"), "step.tokens")
+                continue
+            if r._exported or (r.finish_ns is not None and r.finish_ns < t):
+                continue
+            times = r.token_ns
+            if t < r.arrival_ns or (times and t < times[-1]):
+                self.errors.record(ConfigError(f"t_ns {t} is before the request's arrival or its previous token"),
+                                   "step.tokens")
+                continue
+            r.output_tokens += n
+            times.append(t)
+            if r.first_token_ns is None:
+                r.first_token_ns = t
+                ttft.append((t - r.arrival_ns) / 1e9)
+
     def _finished(self, req: Request) -> RequestResult:
+        req._exported = True  # a Tokens event read after this one is not the request's any more
         end = req.finish_ns if req.finish_ns is not None else req.arrival_ns
         span = (end - req.arrival_ns) / 1e9
         first = req.first_token_ns

@@ -18,6 +18,10 @@ Wrap the request lifecycle (host clock: what users feel) and every prefill, deco
         for tok in generate():
             req.tokens(1)                               # first call: TTFT; later ones: ITL
     # or, across callbacks / asyncio tasks: req = mon.request(...); ...; req.finish("length")
+    # an engine loop: one call per step for every running sequence's token (mon.tokens(running) outside a step)
+    with mon.decode(batch=len(running), context_tokens=ctx) as step:
+        ids = sample(model(batch)).tolist()
+        step.tokens(running)                            # stamped with the step's exit
 
     # a step: device time, MBU (decode), MFU (prefill), an NVTX range
     with mon.prefill(tokens=512, batch=1):
@@ -291,6 +295,18 @@ class Monitor:
                 self._errors.record(e, "request context")
         return Request(self._requests, prompt_tokens, self._clock() if arrival_ns is None else arrival_ns,
                        operation or self.operation, request_id, parent)
+
+    def tokens(self, requests: Sequence[Request], n: int = 1) -> None:
+        """*n* tokens (default 1) each for *requests*, emitted now: one call for a whole batch, not one per request.
+
+        Inside a step, ``step.tokens(requests)`` (:meth:`perfsdk.Step.tokens`) records them with the step's exit
+        instead. The collector applies them to each request as ``req.tokens(n)`` now would have (TTFT, inter-token
+        gaps, counts), so the requests' ``output_tokens`` and ``token_ns`` lag on this thread until its next round.
+        """
+        if not self._life.on:
+            self._life.refused("tokens")
+            return
+        self._requests.tokens_now("tokens", requests, n)
 
     def prefill(self, tokens: int | Callable[..., int] | None = None, batch: int | Callable[..., int] = 1, *,
                 seq_lens: Sequence[int] | Callable[..., Sequence[int]] | None = None,

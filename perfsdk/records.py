@@ -430,7 +430,7 @@ class RequestQueue:
             return None
         try:
             reqs = tuple(requests)
-        except TypeError:
+        except Exception:  # not iterable, or an iterator that fails: the serving code's problem, never raised
             self.refuse(where, f"expected a sequence of requests, got {requests!r}")
             return None
         if self.strict:
@@ -438,6 +438,12 @@ class RequestQueue:
                 if not isinstance(r, Request):
                     self.refuse(where, f"expected perfsdk requests (Monitor.request()), got {r!r}")
         return reqs, n
+
+    def tokens_now(self, where: str, requests: Any, n: Any) -> None:
+        """*n* tokens each for *requests*, now: one :class:`Tokens` event (checked as :meth:`token_args` does)."""
+        args = self.token_args(where, requests, n)
+        if args is not None and args[0] and args[1]:
+            self.push(Tokens(args[0], self.clock(), args[1]))
 
     def went_back(self, where: str, n: int) -> None:
         """*n* negative times (a clock that went backwards, the serving code's or an engine's): left out, counted

@@ -48,7 +48,7 @@ import math
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from perfsdk.buckets import STEP, UTIL, bucket_index
 from perfsdk.records import (
@@ -71,9 +71,6 @@ from perfsdk.records import (
 )
 from perfsdk.stepcost import StepCosts
 
-if TYPE_CHECKING:
-    from perfsdk import _native
-
 __all__ = [
     "IDLE_MAX",
     "RECENT",
@@ -83,6 +80,7 @@ __all__ = [
     "PhaseTotals",
     "PyStepCore",
     "RecentSteps",
+    "StepCore",
     "StepSample",
     "StepTotals",
     "native_core",
@@ -92,6 +90,36 @@ IDLE_MAX = 0.1  # longest sleep of an idle core (s); poll_interval is the shorte
 # what the collector logs (once) for a negative duration; the C core's text is the same
 CLOCK_BACKWARDS = "a step's host clock went backwards (it ended before it began): its time is not observed"
 ELAPSED_NEGATIVE = "a step's device time read negative: its time is not observed"
+
+
+class StepCore(Protocol):
+    """What a Monitor's parts use of a step core: :class:`PyStepCore`, or the C one :func:`native_core` builds."""
+
+    implementation: str  # "c" or "python"
+    feed_window: bool  # keep every timed decode step for a profiler window (the window feed)
+    feed_values: bool  # keep every timed step's values for an OpenTelemetry metrics sink (the value feed)
+
+    @property
+    def pushed(self) -> int: ...
+    @property
+    def done(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+    @property
+    def dropped_samples(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    def push(self, rec: StepRecord) -> bool: ...
+    def start(self) -> None: ...
+    def stop(self, timeout: float | None = ...) -> bool: ...
+    def pause(self, paused: bool) -> None: ...
+    def sync(self, timeout: float | None) -> bool: ...
+    def take(self) -> StepTotals: ...
+    def recent(self, phase: int) -> RecentSteps: ...
+    def take_errors(self) -> list[tuple[str, str]]: ...
+    def after_fork(self, drop_events: bool) -> None: ...
 
 
 class _Counts:
@@ -476,7 +504,7 @@ class PyStepCore:
 
 
 def native_core(costs: StepCosts, capacity: int, span_rate: float, poll_interval: float, events: Any,
-                event_capacity: int, event_prefill: int, new_event: Any, destroy_event: Any) -> _native.StepCore:
+                event_capacity: int, event_prefill: int, new_event: Any, destroy_event: Any) -> StepCore:
     """The C step core (``perfsdk._native.StepCore``), given the capacities of :mod:`perfsdk.records`, its
     ``take()`` and ``recent()`` giving the types of :mod:`perfsdk.records`, as :class:`PyStepCore`'s do.
 

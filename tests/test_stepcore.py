@@ -260,7 +260,8 @@ def test_the_c_constants_are_the_python_ones() -> None:
     for name in ("PREFILL", "DECODE", "MIXED", "TIMED", "HOST", "UNTIMED", "NO_TOKENS", "UNSIZED"):
         assert getattr(native, name) == getattr(records, name), name
     assert native.LENS_SQ_MAX == hotpath.LENS_SQ_MAX
-    assert native.MAX_STEP_BOUNDS >= len(STEP) and native.MAX_UTIL_BOUNDS >= len(UTIL)
+    assert len(STEP) <= native.MAX_STEP_BOUNDS
+    assert len(UTIL) <= native.MAX_UTIL_BOUNDS
 
 
 @needs_c
@@ -294,9 +295,9 @@ def test_the_c_core_reads_a_pushed_record_by_field_name() -> None:
 @needs_c
 def test_the_c_core_allocates_the_capacities_it_is_given() -> None:
     """The buffers' capacities are given to the C core (perfsdk.records defines them once); none is built in."""
-    kw: dict[str, Any] = dict(costs=costs(), capacity=100, span_rate=1.0, poll_interval=0.001, events=None,
-                              event_capacity=0, event_prefill=0, new_event=None, destroy_event=None,
-                              step_bounds=STEP, util_bounds=UTIL, idle_max=0.1)
+    kw: dict[str, Any] = {"costs": costs(), "capacity": 100, "span_rate": 1.0, "poll_interval": 0.001,
+                          "events": None, "event_capacity": 0, "event_prefill": 0, "new_event": None,
+                          "destroy_event": None, "step_bounds": STEP, "util_bounds": UTIL, "idle_max": 0.1}
     with pytest.raises(TypeError):
         native.StepCore(**kw)  # no capacities: refused, not defaulted
     with pytest.raises(ValueError, match="recent"):
