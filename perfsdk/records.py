@@ -27,7 +27,7 @@ Values the serving code passes are checked here (:func:`check_count`, :func:`che
 *strict* (``Monitor(strict=True)``, on in :mod:`perfsdk.testing`), where it raises
 :class:`~perfsdk.errors.ConfigError` so tests catch caller bugs.
 
-This module is longer than 500 lines on purpose: it is the one place both languages' hand-off types are
+This module runs over 500 lines on purpose: it is the one place both languages' hand-off types are
 defined, and splitting the records from the checks and the request that make them would put the hand-off
 in two places again.
 """

@@ -40,6 +40,9 @@ The collector thread calls :meth:`~PyStepCore.take` every export interval and ha
 :meth:`~PyStepCore.sync` waits (GIL released) until every step pushed before the call is counted. Nothing
 here raises into the serving thread: :meth:`~PyStepCore.push` is a bounded append that reports ``False``
 when full.
+
+It runs over 500 lines on purpose: it is the specification of ``perfsdk/csrc/stepcore.c``, read side by side
+with it — the thread's loop, the waits, the counting and the take in one file, as there.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ from perfsdk.records import (
     ValueFeedEntry,
     WindowFeedEntry,
 )
-from perfsdk.stepcost import StepCosts
+from perfsdk.stepcost import StepCosts, utilization
 
 __all__ = [
     "IDLE_MAX",
@@ -398,9 +401,9 @@ class PyStepCore:
             mbu = mfu = None
             if seconds is not None and seconds > 0:
                 if nbytes is not None and costs.bandwidth > 0 and p != PREFILL:
-                    mbu = nbytes / (seconds * costs.bandwidth)
+                    mbu = utilization(nbytes, seconds, costs.bandwidth)
                 if flops is not None and costs.peak_flops > 0 and p != DECODE:
-                    mfu = flops / (seconds * costs.peak_flops)
+                    mfu = utilization(flops, seconds, costs.peak_flops)
             if seconds is not None:
                 tot.step_counts[bucket_index(STEP, seconds)] += 1
                 tot.step_sum += seconds

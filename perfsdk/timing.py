@@ -236,7 +236,7 @@ class EventPool:
     An event is held by the step that recorded it and, between steps, by its serving thread (the end of
     a thread's last step may start its next one); it goes back to the free list when the last holder
     lets go (:meth:`unref`). The Python hot path and step core use this pool; the C ones keep the same
-    pool in C (``perfsdk/_native/stepcore.c``). ``acquire()`` never blocks: events are created lazily up
+    pool in C (``perfsdk/csrc/stepcore.c``). ``acquire()`` never blocks: events are created lazily up
     to *capacity* (a few up front so that the first steps do not pay for creation), then None.
     """
 

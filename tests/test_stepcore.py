@@ -21,7 +21,7 @@ from perfsdk.model import ModelSpec
 from perfsdk.monitor import load_native
 from perfsdk.records import DECODE, HOST, MIXED, PREFILL, UNSIZED, UNTIMED, StepRecord, lens_summary
 from perfsdk.stepcore import CLOCK_BACKWARDS, SAMPLES, VALUE_FEED, PyStepCore, StepTotals, native_core
-from perfsdk.stepcost import StepCosts
+from perfsdk.stepcost import StepCosts, utilization
 
 native = load_native()
 needs_c = pytest.mark.skipif(native is None, reason="perfsdk._native is not built here")
@@ -317,3 +317,32 @@ def test_the_c_core_allocates_the_capacities_it_is_given() -> None:
     assert len(totals.samples) == 2 and core.dropped_samples == 7
     assert [e.seconds for e in totals.window_feed] == [0.006, 0.007, 0.008, 0.009]  # the latest 4
     assert len(totals.value_feed) == 5 and totals.value_feed_dropped == 4
+
+
+def test_the_named_formulas_are_the_budget_ones_and_the_cores() -> None:
+    """``stepcost.StepCosts`` is the one source of the formulas: each named piece is what ``budget`` returns for
+    that quantity, and what a step core's ``cost()`` prices a step with, to the last bit."""
+    rng = random.Random(8)
+    for spec in (MODEL, MODEL.with_tp(2), ModelSpec(name="x", params=1e9, weight_bytes=2e9)):
+        c = costs(spec)
+        for _ in range(200):
+            lens = [rng.randrange(1, 5000) for _ in range(rng.randrange(1, 6))]
+            ctx, batch = rng.randrange(0, 100_000), rng.randrange(1, 256)
+            s, sq, n = lens_summary(PREFILL, len(lens), -1, lens)
+            # without the KV shape the core leaves the KV bytes out (a floor asking for them is a ConfigError)
+            assert c.decode_bytes(batch, ctx) == budget.decode_step_bytes(spec, ctx if c.kv else 0, batch)
+            assert c.decode_flops(batch, ctx) == budget.decode_flops(spec, batch, ctx)
+            assert c.prefill_bytes(s, ctx) == budget.prefill_step_bytes(spec, lens, ctx)
+            assert c.prefill_flops(s, sq, n, ctx) == budget.prefill_flops(spec, lens, attention=c.kv,
+                                                                         cached_tokens=ctx)
+            if c.kv:
+                assert c.attention_flops(s, sq, n, ctx) == budget.attention_flops(spec, lens, ctx)
+            assert c.mixed_bytes(batch, ctx, s) == budget.mixed_step_bytes(spec, lens, ctx, batch)
+            assert c.mixed_flops(batch, ctx, s, sq, n) == budget.mixed_step_flops(spec, lens, batch, ctx)
+            assert c.cost(DECODE, batch, ctx, 0, 0, 0) == (c.decode_bytes(batch, ctx), c.decode_flops(batch, ctx),
+                                                           batch)
+            assert c.cost(PREFILL, len(lens), ctx, s, sq, n) == (c.prefill_bytes(s, ctx),
+                                                                 c.prefill_flops(s, sq, n, ctx), s)
+            assert c.cost(MIXED, batch, ctx, s, sq, n) == (c.mixed_bytes(batch, ctx, s),
+                                                           c.mixed_flops(batch, ctx, s, sq, n), s + batch)
+        assert budget.mbu(1e9, 0.01, 2e12) == utilization(1e9, 0.01, 2e12) == 1e9 / (0.01 * 2e12)

@@ -17,8 +17,12 @@
  * Types:
  *   Hot      one per Monitor, built from a perfsdk.hotpath.HotState (the same fields, read once);
  *            hot.step(...) makes a Step.
- *   Step     one `with`: __enter__, __exit__, __call__ (decorator).
+ *   Step     one `with`: __enter__, __exit__, __call__ (decorator), tokens() (the requests it emitted a
+ *            token for: one perfsdk.records.Tokens event at exit, whatever the batch).
  *   LastEnd  one per serving thread (in a threading.local): the thread's last timed step's end event.
+ *
+ * It runs over 500 lines on purpose: one translation unit for the hot path, so that the steady path (enter,
+ * exit, the clock, the record, the ring push) compiles into a few inlined calls without exported symbols.
  */
 #include "native.h"
 

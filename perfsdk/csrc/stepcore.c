@@ -6,14 +6,19 @@
  * a run of steps; a query every poll interval, sleeping between, or cuEventSynchronize where the events are
  * blocking-sync ones), read the device time,
  * let go of the events, price the step (the coefficients of perfsdk.stepcost.StepCosts, the same
- * floating-point operations in the same order), and count it into per-phase histogram buckets and sums,
- * counters, the last WINDOW steps for stats(), sampled steps for spans and, while a profiler window
- * listens, every decode step.
+ * floating-point operations in the same order as its named formulas), and count it into per-phase histogram
+ * buckets and sums, counters, the last steps for stats() (RecentSteps), sampled steps for spans and, while a
+ * profiler window or an OpenTelemetry metrics sink listens, the window feed and the value feed. The
+ * capacities of those buffers are given when the core is built (perfsdk.records defines them once).
  *
  * Python reads all of that only when it asks (take(), recent(), sync()), with the GIL, taking the core's
- * mutex for a copy. The core's thread never calls Python: driver functions are called through their
- * addresses (a scripted GPU in the tests gives ctypes callbacks, which take the GIL themselves, and are
- * never called with the mutex held).
+ * mutex for a copy, as the struct sequences of records.c. The core's thread never calls Python: driver
+ * functions are called through their addresses (a scripted GPU in the tests gives ctypes callbacks, which
+ * take the GIL themselves, and are never called with the mutex held).
+ *
+ * It runs over 500 lines on purpose: the core's thread (ring, pending steps, waits, counting) and the Python
+ * type that starts, reads and resets it share the StepCore struct and its locking rules; kept in one
+ * translation unit, every access to the struct and the mutex is in one file, and the counting path inlines.
  */
 #include "native.h"
 
@@ -275,7 +280,9 @@ static void add_sample(StepCore *c, const StepRecord *r, double seconds, int64_t
 
 static void recent_add(double *arr, int64_t *n, double v, int64_t cap) { arr[(*n)++ % cap] = v; }
 
-/* (bytes, FLOPs, tokens): perfsdk.stepcost.StepCosts.cost, operation for operation. */
+/* (bytes, FLOPs, tokens): perfsdk.stepcost.StepCosts.cost and the named formulas it calls (decode_bytes,
+   decode_flops, prefill_bytes, prefill_flops, attention_flops, mixed_bytes, mixed_flops), operation for
+   operation. */
 static void cost(const StepCore *c, const StepRecord *r, double *nbytes, double *flops, int64_t *ntokens) {
     *nbytes = *flops = NAN;
     if (r->context_tokens < 0) { /* UNSIZED: a step with no sizes (a bare @mon.decode) */
