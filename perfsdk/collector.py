@@ -295,15 +295,19 @@ class Collector(threading.Thread):
         first token a TTFT. A request whose finish came first (its Finished event read already, or a finish
         stamped before *t_ns*) is closed: its late token is not its. Anything else odd is counted, never raised."""
         t, n = ev.t_ns, ev.n
+        q = self.requests
         for r in ev.requests:
-            if not isinstance(r, Request) or r._q is not self.requests:
+            if (type(r) is not Request and not isinstance(r, Request)) or r._q is not q:
                 if not isinstance(r, NullRequest):  # a disabled Monitor's request: nothing to record
                     self.errors.record(ConfigError(f"expected this Monitor's requests, got {r!r}"), "step.tokens")
                 continue
-            if r._exported or (r.finish_ns is not None and r.finish_ns < t):
+            if r._exported:
+                continue
+            f = r.finish_ns
+            if f is not None and f < t:
                 continue
             times = r.token_ns
-            if t < r.arrival_ns or (times and t < times[-1]):
+            if t < (times[-1] if times else r.arrival_ns):  # each token at or after the one before, and arrival
                 self.errors.record(ConfigError(f"t_ns {t} is before the request's arrival or its previous token"),
                                    "step.tokens")
                 continue

@@ -643,6 +643,7 @@ class NullRequest(Request):
         self.operation = ""
         self._otel_parent = None
         self._exported = True
+        self._q = None  # type: ignore[assignment]  # records into no queue
 
     def scheduled(self, t_ns: int | None = None) -> None:
         return None

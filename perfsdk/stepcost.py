@@ -53,17 +53,17 @@ def utilization(amount: float, seconds: float, peak: float) -> float:
 class StepCosts:
     """Per-step cost coefficients of one model on one GPU (zeros where unknown), and the formulas over them."""
 
-    known: bool                  # a model is set: bytes and FLOPs can be priced
-    kv: bool                     # the model's attention shape is known: KV bytes and attention FLOPs are priced
-    weight_bytes: float          # read whole by every step (ModelSpec.step_weight_bytes)
-    row_bytes: float             # per looked-up token of an untied input embedding (ModelSpec.embedding_row_bytes)
+    known: bool  # a model is set: bytes and FLOPs can be priced
+    kv: bool  # the model's attention shape is known: KV bytes and attention FLOPs are priced
+    weight_bytes: float  # read whole by every step (ModelSpec.step_weight_bytes)
+    row_bytes: float  # per looked-up token of an untied input embedding (ModelSpec.embedding_row_bytes)
     kv_bytes_per_token: float
-    two_params: float            # 2 x params: FLOPs per token through the weights
-    attn_decode: float           # 4 x layers x heads x head_dim: decode attention FLOPs per context token
-    attn_causal: float           # 2 x layers x heads x head_dim: prefill attention FLOPs per n^2
-    attn_prefix: float           # 4 x layers x heads x head_dim: per new token per cached prefix token
-    bandwidth: float             # bytes/s MBU divides by (0: none)
-    peak_flops: float            # FLOP/s MFU divides by (0: none)
+    two_params: float  # 2 x params: FLOPs per token through the weights
+    attn_decode: float  # 4 x layers x heads x head_dim: decode attention FLOPs per context token
+    attn_causal: float  # 2 x layers x heads x head_dim: prefill attention FLOPs per n^2
+    attn_prefix: float  # 4 x layers x heads x head_dim: per new token per cached prefix token
+    bandwidth: float  # bytes/s MBU divides by (0: none)
+    peak_flops: float  # FLOP/s MFU divides by (0: none)
 
     @classmethod
     def of(cls, model: ModelSpec | None, bandwidth: float | None = None, peak_flops: float | None = None) -> StepCosts:
@@ -74,11 +74,17 @@ class StepCosts:
         attn = attention_coefficients(model) if kv else None
         attn_decode, attn_causal, attn_prefix = attn if attn is not None else (0.0, 0.0, 0.0)
         return cls(
-            known=True, kv=kv, weight_bytes=float(model.step_weight_bytes),
+            known=True,
+            kv=kv,
+            weight_bytes=float(model.step_weight_bytes),
             row_bytes=float(model.embedding_row_bytes),
             kv_bytes_per_token=float(model.kv_bytes_per_token) if kv else 0.0,
-            two_params=2.0 * model.params, attn_decode=attn_decode,
-            attn_causal=attn_causal, attn_prefix=attn_prefix, bandwidth=bw, peak_flops=peak,
+            two_params=2.0 * model.params,
+            attn_decode=attn_decode,
+            attn_causal=attn_causal,
+            attn_prefix=attn_prefix,
+            bandwidth=bw,
+            peak_flops=peak,
         )
 
     # ---- the formulas (perfsdk/csrc/stepcore.c's cost() does these operations, in this order) -----------------
@@ -102,8 +108,7 @@ class StepCosts:
     def attention_flops(self, new_tokens: float, squares: float, sequences: float, cached_tokens: float) -> float:
         """Causal attention within each sequence (*squares*: ``Σ n²``), plus the new tokens attending to a cached
         prefix of *cached_tokens* in all, spread evenly over the *sequences* (servers report sums)."""
-        prefix = (self.attn_prefix * cached_tokens * new_tokens / sequences
-                  if cached_tokens and sequences else 0.0)
+        prefix = self.attn_prefix * cached_tokens * new_tokens / sequences if cached_tokens and sequences else 0.0
         return self.attn_causal * squares + prefix
 
     def prefill_flops(self, new_tokens: float, squares: float, sequences: float, cached_tokens: float) -> float:
@@ -122,15 +127,16 @@ class StepCosts:
             return weights
         return weights + self.kv_bytes_per_token * (context_tokens + new_tokens)
 
-    def mixed_flops(self, batch: float, context_tokens: float, new_tokens: float, squares: float,
-                    sequences: float) -> float:
+    def mixed_flops(
+        self, batch: float, context_tokens: float, new_tokens: float, squares: float, sequences: float
+    ) -> float:
         """The prefill's FLOPs (no cached prefix) plus the decode's."""
-        return (self.prefill_flops(new_tokens, squares, sequences, 0)
-                + self.decode_flops(batch, context_tokens))
+        return self.prefill_flops(new_tokens, squares, sequences, 0) + self.decode_flops(batch, context_tokens)
 
     # ---- one step, as the step core reads it ------------------------------------------------------------
-    def cost(self, phase: int, batch: int, context_tokens: int, lens_sum: int, lens_sq: int,
-             lens_count: int) -> tuple[float | None, float | None, int]:
+    def cost(
+        self, phase: int, batch: int, context_tokens: int, lens_sum: int, lens_sq: int, lens_count: int
+    ) -> tuple[float | None, float | None, int]:
         """``(bytes, FLOPs, tokens)`` of one step (a :class:`~perfsdk.records.StepRecord`'s sizes); bytes and
         FLOPs are None without a model.
 
@@ -147,10 +153,16 @@ class StepCosts:
         if phase == PREFILL:
             if not self.known:
                 return None, None, lens_sum
-            return (self.prefill_bytes(lens_sum, context_tokens),
-                    self.prefill_flops(lens_sum, lens_sq, lens_count, context_tokens), lens_sum)
+            return (
+                self.prefill_bytes(lens_sum, context_tokens),
+                self.prefill_flops(lens_sum, lens_sq, lens_count, context_tokens),
+                lens_sum,
+            )
         n = lens_sum + batch
         if not self.known:
             return None, None, n
-        return (self.mixed_bytes(batch, context_tokens, lens_sum),
-                self.mixed_flops(batch, context_tokens, lens_sum, lens_sq, lens_count), n)
+        return (
+            self.mixed_bytes(batch, context_tokens, lens_sum),
+            self.mixed_flops(batch, context_tokens, lens_sum, lens_sq, lens_count),
+            n,
+        )
