@@ -4,12 +4,14 @@ Every class, method, attribute, function and constant the module defines is here
 the Python code that calls into C. The Python references are :mod:`perfsdk.hotpath` (``Hot``, ``Step``,
 ``LastEnd``) and :mod:`perfsdk.stepcore` (``StepCore``); the struct sequences are the C twins of the
 :mod:`perfsdk.records` types of the same names (the same fields, in the same order: ``tests/test_stepcore.py``).
+Checked against the built module by mypy's stubtest (``tests/test_native.py``).
 """
 
 from collections.abc import Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, final
 
 from _typeshed import structseq
+from typing_extensions import disjoint_base
 
 from perfsdk.hotpath import HotState
 from perfsdk.records import Request, StepRecord
@@ -31,6 +33,7 @@ MAX_STEP_BOUNDS: Final[int]  # histogram bounds a StepCore holds at most (step t
 MAX_UTIL_BOUNDS: Final[int]  # ... (MBU and MFU)
 
 # ---- what the step core hands back -------------------------------------------------------------
+@final
 class PhaseTotals(
     structseq[Any],
     tuple[int, int, tuple[int, ...], float, tuple[int, ...], float, tuple[int, ...], float, float, float, int],
@@ -71,6 +74,7 @@ class PhaseTotals(
     @property
     def tokens(self) -> int: ...
 
+@final
 class StepSample(structseq[Any], tuple[int, int, int, float | None, int, int, float | None, float | None, str | None]):
     __match_args__: Final = ("phase", "t0", "t1", "seconds", "batch", "tokens", "mbu", "mfu", "error")
     @property
@@ -92,6 +96,7 @@ class StepSample(structseq[Any], tuple[int, int, int, float | None, int, int, fl
     @property
     def error(self) -> str | None: ...
 
+@final
 class WindowFeedEntry(structseq[Any], tuple[float, int, float | None]):
     __match_args__: Final = ("seconds", "batch", "mbu")
     @property
@@ -101,6 +106,7 @@ class WindowFeedEntry(structseq[Any], tuple[float, int, float | None]):
     @property
     def mbu(self) -> float | None: ...
 
+@final
 class ValueFeedEntry(structseq[Any], tuple[int, float, float | None, float | None]):
     __match_args__: Final = ("phase", "seconds", "mbu", "mfu")
     @property
@@ -112,6 +118,7 @@ class ValueFeedEntry(structseq[Any], tuple[int, float, float | None, float | Non
     @property
     def mfu(self) -> float | None: ...
 
+@final
 class StepTotals(
     structseq[Any],
     tuple[
@@ -134,6 +141,7 @@ class StepTotals(
     @property
     def value_feed_dropped(self) -> int: ...
 
+@final
 class RecentSteps(structseq[Any], tuple[int, int, tuple[float, ...], tuple[float, ...], tuple[float, ...]]):
     __match_args__: Final = ("steps", "errors", "seconds", "mbu", "mfu")
     @property
@@ -148,6 +156,7 @@ class RecentSteps(structseq[Any], tuple[int, int, tuple[float, ...], tuple[float
     def mfu(self) -> tuple[float, ...]: ...
 
 # ---- the step core ----------------------------------------------------------------------------
+@disjoint_base
 class StepCore:
     """The step core in C (perfsdk.stepcore.PyStepCore's algorithm, on a thread without the GIL)."""
 
@@ -208,6 +217,7 @@ class StepCore:
     def alive(self) -> bool: ...
 
 # ---- the hot path -----------------------------------------------------------------------------
+@final
 class LastEnd:
     """One serving thread's last timed step: its end event, stream, exit time and exit number."""
 
@@ -218,6 +228,7 @@ class LastEnd:
     @property
     def seq(self) -> int: ...
 
+@final
 class Step:
     """One prefill, decode or mixed step (perfsdk.hotpath.Step's algorithm, in C)."""
 
@@ -230,6 +241,7 @@ class Step:
     @property
     def sizes(self) -> tuple[Any, Any, Any, Any]: ...
 
+@final
 class Hot:
     """One Monitor's hot path, bound from a perfsdk.hotpath.HotState."""
 

@@ -213,6 +213,11 @@ def test_a_disabled_or_closed_monitor_records_nothing() -> None:
     with monitor_harness() as h:
         mon = h.monitor
         req = mon.request()
+        with mon.decode(batch=2) as step:  # a disabled Monitor's request among them: nothing, and no error
+            step.tokens([off.request(), req])
+        h.flush()
+        assert req.output_tokens == 1
+        assert mon.stats()["internal_errors"] == 0
     mon.tokens([req])
     with mon.decode(batch=1) as step:
         step.tokens([req])
