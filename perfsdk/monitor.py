@@ -18,16 +18,13 @@ Wrap the request lifecycle (host clock: what users feel) and every prefill, deco
         for tok in generate():
             req.tokens(1)                               # first call: TTFT; later ones: ITL
     # or, across callbacks / asyncio tasks: req = mon.request(...); ...; req.finish("length")
-    # an engine loop: one call per step for every running sequence's token (mon.tokens(running) outside a step)
-    with mon.decode(batch=len(running), context_tokens=ctx) as step:
-        ids = sample(model(batch)).tolist()
-        step.tokens(running)                            # stamped with the step's exit
 
     # a step: device time, MBU (decode), MFU (prefill), an NVTX range
     with mon.prefill(tokens=512, batch=1):
         logits = model(prompt)
-    with mon.decode(batch=8, context_tokens=sum(ctx_lens)):
+    with mon.decode(batch=8, context_tokens=sum(ctx_lens)) as step:
         graph.replay()                                  # wrap *around* replay, never inside capture
+        step.tokens(running)                            # a token for each running request: one call per step
     with mon.mixed(prefill_seq_lens=[256], decode_batch=7, context_tokens=7000):
         step()                                          # chunked prefill + decode: MBU and MFU
 
@@ -297,12 +294,9 @@ class Monitor:
                        operation or self.operation, request_id, parent)
 
     def tokens(self, requests: Sequence[Request], n: int = 1) -> None:
-        """*n* tokens (default 1) each for *requests*, emitted now: one call for a whole batch, not one per request.
-
-        Inside a step, ``step.tokens(requests)`` (:meth:`perfsdk.Step.tokens`) records them with the step's exit
-        instead. The collector applies them to each request as ``req.tokens(n)`` now would have (TTFT, inter-token
-        gaps, counts), so the requests' ``output_tokens`` and ``token_ns`` lag on this thread until its next round.
-        """
+        """*n* tokens (default 1) each for *requests*, emitted now: one call for a batch (inside a step:
+        :meth:`perfsdk.Step.tokens`, stamped with its exit). Applied by the collector as ``req.tokens(n)`` now would
+        have been, so the requests' ``output_tokens`` and ``token_ns`` lag on this thread until its next round."""
         if not self._life.on:
             self._life.refused("tokens")
             return

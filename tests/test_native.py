@@ -251,6 +251,7 @@ def test_the_stub_describes_the_extension_exactly() -> None:
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert os.path.exists(os.path.join(root, "perfsdk", "_native.pyi"))  # stubtest finds nothing to check without
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-m", "mypy.stubtest", "perfsdk._native"], capture_output=True, text=True,
                          env=env, cwd=root, timeout=240, check=False)
