@@ -151,7 +151,7 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
     if use_c:
         from perfsdk.stepcore import native_core
 
-        core = native_core(native, costs, cfg.queue_size, cfg.step_span_rate, cfg.poll_interval, addresses,
+        core = native_core(costs, cfg.queue_size, cfg.step_span_rate, cfg.poll_interval, addresses,
                            event_capacity if api is not None else 0, event_prefill,
                            api.new if api is not None else None, api.destroy if api is not None else None)
         event_owner = CoreEvents(core)  # the C core keeps the pool, in C
@@ -167,8 +167,9 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
         compiling, cuda_capturing = None, getattr(events, "capture_check", None)
     capturing = (cuda_capturing if use_c or events is not None else _timing.capture_check(use_cuda)) if enabled \
         else None
+    requests = RequestQueue(cfg.queue_size, clock, errors, cfg.strict)
     state = HotState(
-        core=core, errors=errors,
+        core=core, errors=errors, requests=requests,
         local=ThreadSteps(native.LastEnd if native is not None and use_c else LastEnd, core if use_c else pool),
         clock=None if use_c and clock is time.perf_counter_ns and sys.platform.startswith("linux") else clock,
         capturing=capturing,
@@ -192,7 +193,7 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
     else:
         recorder = PythonRecorder(state, core, event_owner, compiling=_never, **common)
     return Parts(
-        recorder=recorder, requests=RequestQueue(cfg.queue_size, clock, errors, cfg.strict), nvtx_backend=nv.backend,
+        recorder=recorder, requests=requests, nvtx_backend=nv.backend,
         rank=rank, rank_label=rank_label, registry=registry, prom=prom, otel=otel, sinks=sinks,
     )
 

@@ -23,15 +23,25 @@ prompt token (2 FLOPs per parameter per token) plus causal attention
 priced in FLOPs over peak. ``context_tokens`` is always the *sum* of the
 context lengths of the sequences in the step (batch 8 at 1,024 tokens each is
 8,192). All figures are per GPU when the spec is (:meth:`ModelSpec.with_tp`).
+
+The formulas themselves are :class:`~perfsdk.stepcost.StepCosts`' — the ones the
+step core prices every measured step with — so a floor and a measured step's MBU
+and MFU agree to the last bit (``tests/test_stepcore.py``). This module checks
+its arguments, names each quantity, and keeps one rule of its own: a floor needs
+only the part of the attention shape its term uses (KV bytes: layers, KV heads
+and head_dim; attention FLOPs: layers, heads and head_dim), where the step core
+prices both only with the whole shape.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from perfsdk.errors import ConfigError
 from perfsdk.model import ModelSpec
+from perfsdk.stepcost import StepCosts, attention_coefficients, utilization
 
 __all__ = [
     "attention_flops",
@@ -69,6 +79,28 @@ def _seq_lens(seq_lens: int | Iterable[int]) -> list[int]:
     return lens
 
 
+def _costs(model: ModelSpec) -> StepCosts:
+    return StepCosts.of(model)
+
+
+def _with_attention(model: ModelSpec) -> StepCosts:
+    """*model*'s costs with its attention terms: layers, heads and head_dim suffice here (the caller checked)."""
+    c = StepCosts.of(model)
+    attn = attention_coefficients(model)
+    if c.kv or attn is None:
+        return c
+    return replace(c, kv=True, attn_decode=attn[0], attn_causal=attn[1], attn_prefix=attn[2])
+
+
+def _without_attention(model: ModelSpec) -> StepCosts:
+    return replace(StepCosts.of(model), kv=False)
+
+
+def _need_attention_shape(model: ModelSpec) -> None:
+    if model.layers is None or model.heads is None or model.head_dim is None:
+        raise ConfigError(f"model {model.name or '(unnamed)'}: attention FLOPs need layers, heads and head_dim")
+
+
 def kv_bytes_per_token(model: ModelSpec) -> float:
     """``2 (K and V) × layers × kv_heads × head_dim × kv_bytes``: Llama-3-8B in BF16 → 131,072."""
     return model.kv_bytes_per_token
@@ -79,8 +111,11 @@ def decode_step_bytes(model: ModelSpec, context_tokens: int = 0, batch: int = 1)
     one row per sequence), plus the KV cache of every context token."""
     _nonneg("context_tokens", context_tokens)
     _nonneg("batch", batch)
-    kv = model.kv_bytes_per_token * context_tokens if context_tokens else 0.0
-    return model.step_weight_bytes + model.embedding_row_bytes * batch + kv
+    c = _costs(model)
+    if context_tokens and not c.kv:
+        # KV bytes need layers, kv_heads and head_dim only (ModelSpec.kv_bytes_per_token names what is missing)
+        c = replace(c, kv_bytes_per_token=model.kv_bytes_per_token)
+    return c.decode_bytes(batch, context_tokens)
 
 
 def prefill_step_bytes(model: ModelSpec, seq_lens: int | Iterable[int], cached_tokens: int = 0) -> float:
@@ -88,10 +123,7 @@ def prefill_step_bytes(model: ModelSpec, seq_lens: int | Iterable[int], cached_t
     written for new tokens and read for cached ones."""
     new = sum(_seq_lens(seq_lens))
     _nonneg("cached_tokens", cached_tokens)
-    weights = model.step_weight_bytes + model.embedding_row_bytes * new
-    if not model.has_attention_shape:
-        return weights
-    return weights + model.kv_bytes_per_token * (new + cached_tokens)
+    return _costs(model).prefill_bytes(new, cached_tokens)
 
 
 def attention_flops(model: ModelSpec, seq_lens: int | Iterable[int], cached_tokens: int = 0) -> float:
@@ -102,14 +134,10 @@ def attention_flops(model: ModelSpec, seq_lens: int | Iterable[int], cached_toke
     ``c`` cached tokens each of the ``n`` new queries sees all ``c``: ``4·n·c·head_dim``.) *cached_tokens*
     is the prefix length summed over the sequences; spread evenly over them, as servers report sums.
     """
-    if model.layers is None or model.heads is None or model.head_dim is None:
-        raise ConfigError(f"model {model.name or '(unnamed)'}: attention FLOPs need layers, heads and head_dim")
+    _need_attention_shape(model)
     _nonneg("cached_tokens", cached_tokens)
     lens = _seq_lens(seq_lens)
-    per_token = model.layers * (model.heads // model.tp) * model.head_dim
-    within = 2.0 * per_token * sum(n * n for n in lens)
-    prefix = 4.0 * per_token * cached_tokens * sum(lens) / len(lens) if cached_tokens and lens else 0.0
-    return within + prefix
+    return _with_attention(model).attention_flops(sum(lens), sum(n * n for n in lens), len(lens), cached_tokens)
 
 
 def prefill_flops(model: ModelSpec, seq_lens: int | Iterable[int], *, attention: bool = True,
@@ -117,18 +145,18 @@ def prefill_flops(model: ModelSpec, seq_lens: int | Iterable[int], *, attention:
     """FLOPs of a prefill: ``2 × params × Σ n`` plus causal attention when ``attention`` (over a cached
     prefix of *cached_tokens* too: :func:`attention_flops`)."""
     lens = _seq_lens(seq_lens)
-    linear = 2.0 * model.params * sum(lens)
-    return linear + (attention_flops(model, lens, cached_tokens) if attention else 0.0)
+    if not attention:
+        return _without_attention(model).prefill_flops(sum(lens), 0, len(lens), 0)
+    _need_attention_shape(model)
+    _nonneg("cached_tokens", cached_tokens)
+    return _with_attention(model).prefill_flops(sum(lens), sum(n * n for n in lens), len(lens), cached_tokens)
 
 
 def decode_flops(model: ModelSpec, batch: int, context_tokens: int = 0) -> float:
     """FLOPs of a decode step: ``2 × params × batch`` plus attention over the context (``4·layers·heads·hd·Σctx``)."""
     _nonneg("batch", batch)
     _nonneg("context_tokens", context_tokens)
-    attn = 0.0
-    if context_tokens and model.layers and model.heads and model.head_dim:
-        attn = 4.0 * model.layers * (model.heads // model.tp) * model.head_dim * context_tokens
-    return 2.0 * model.params * batch + attn
+    return _with_attention(model).decode_flops(batch, context_tokens)
 
 
 def mixed_step_bytes(model: ModelSpec, prefill_seq_lens: Sequence[int], decode_context_tokens: int,
@@ -138,16 +166,14 @@ def mixed_step_bytes(model: ModelSpec, prefill_seq_lens: Sequence[int], decode_c
     new = sum(_seq_lens(prefill_seq_lens))
     _nonneg("decode_context_tokens", decode_context_tokens)
     _nonneg("decode_batch", decode_batch)
-    weights = model.step_weight_bytes + model.embedding_row_bytes * (new + decode_batch)
-    if not model.has_attention_shape:
-        return weights
-    return weights + model.kv_bytes_per_token * (decode_context_tokens + new)
+    return _costs(model).mixed_bytes(decode_batch, decode_context_tokens, new)
 
 
 def mixed_step_flops(
     model: ModelSpec, prefill_seq_lens: Sequence[int], decode_batch: int, decode_context_tokens: int
 ) -> float:
-    """FLOPs of a chunked-prefill + decode step: the prefill's plus the decode's."""
+    """FLOPs of a chunked-prefill + decode step: the prefill's plus the decode's (:meth:`StepCosts.mixed_flops`
+    where the whole attention shape is known)."""
     attention = model.has_attention_shape
     return prefill_flops(model, prefill_seq_lens, attention=attention) + decode_flops(
         model, decode_batch, decode_context_tokens
@@ -173,9 +199,11 @@ def tokens_per_s(step_seconds: float, batch: int = 1) -> float:
 
 def mbu(step_bytes: float, seconds: float, bandwidth: float) -> float:
     """Model bandwidth utilisation: ``bytes / (seconds × peak bandwidth)``, 0–1 (above 1 means a wrong peak)."""
-    return _nonneg("step_bytes", step_bytes) / (_positive("seconds", seconds) * _positive("bandwidth", bandwidth))
+    return utilization(_nonneg("step_bytes", step_bytes), _positive("seconds", seconds),
+                       _positive("bandwidth", bandwidth))
 
 
 def mfu(step_flops: float, seconds: float, peak_flops: float) -> float:
     """Model FLOPs utilisation: ``FLOPs / (seconds × dense peak FLOP/s)``, 0–1."""
-    return _nonneg("step_flops", step_flops) / (_positive("seconds", seconds) * _positive("peak_flops", peak_flops))
+    return utilization(_nonneg("step_flops", step_flops), _positive("seconds", seconds),
+                       _positive("peak_flops", peak_flops))

@@ -6,11 +6,13 @@ GIL for every few hundred steps — and:
 
 * takes the step totals (:meth:`~perfsdk.stepcore.PyStepCore.take`), and hands every decode step's time
   to the profiler window while one listens;
-* drains the request queue (:class:`~perfsdk.records.RequestQueue`): a first token is a TTFT; a
-  finished request becomes a :class:`~perfsdk.sinks.RequestResult` (queue time, inter-token gaps, TPOT,
-  duration, its bounded finish-reason label, and its span); values an engine measured itself go the same way;
+* drains the request queue (:class:`~perfsdk.records.RequestQueue`) in order: a first token is a TTFT; a
+  :class:`~perfsdk.records.Tokens` event (one per step, for every request it emitted a token for) updates
+  each of those requests here, off the serving thread, its first token a TTFT; a finished request becomes a
+  :class:`~perfsdk.sinks.RequestResult` (queue time, inter-token gaps, TPOT, duration, its bounded
+  finish-reason label, and its span); values an engine measured itself go the same way;
 * takes perfsdk's own losses (records dropped, internal errors, spans dropped by a cap: the core's
-  sample of step spans beyond :data:`~perfsdk.stepcore.SAMPLES` per take, the span thread's full queue)
+  sample of step spans beyond :data:`~perfsdk.records.SAMPLES` per take, the span thread's full queue)
   as deltas, and logs each new failure site of the core once;
 * puts all of it in one frozen :class:`~perfsdk.sinks.ExportBatch` and hands that to every sink, one
   :meth:`~perfsdk.sinks.Sink.record` call each (none when the batch is empty);
@@ -42,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from perfsdk._guard import ErrorGuard
+from perfsdk.errors import ConfigError
 from perfsdk.records import (
     PHASES,
     Finished,
@@ -49,12 +52,15 @@ from perfsdk.records import (
     Flush,
     MeasuredLatencies,
     MeasuredRequest,
+    NullRequest,
+    RecentSteps,
     Request,
     RequestQueue,
+    Tokens,
     finish_reason_label,
 )
 from perfsdk.sinks import ExportBatch, RequestResult, Sink
-from perfsdk.stepcore import StepTotals
+from perfsdk.stepcore import StepCore, StepTotals
 
 __all__ = ["Collector", "summary"]
 
@@ -81,7 +87,7 @@ class RecorderView(Protocol):
 class Collector(threading.Thread):
     """Reads the step core and the request queue, feeds the sinks (see the module docstring)."""
 
-    def __init__(self, core: Any, requests: RequestQueue, sinks: Sequence[Sink], errors: ErrorGuard, *,
+    def __init__(self, core: StepCore, requests: RequestQueue, sinks: Sequence[Sink], errors: ErrorGuard, *,
                  model: str, operation: str, epoch_offset_ns: int, export_interval: float,
                  recorder: RecorderView, peaks: dict[str, str] | None = None,
                  spans_dropped: Callable[[], dict[str, int]] | None = None) -> None:
@@ -164,15 +170,21 @@ class Collector(threading.Thread):
         results: list[RequestResult] = []
         flushes: list[Flush] = []
         q = self.requests
-        for i in range(len(q)):  # what is queued now; later events wait for the next round
+        work = 0  # events read, and requests a Tokens event updated, since the GIL was last let go of
+        for _ in range(len(q)):  # what is queued now; later events wait for the next round
             ev = q.pop()
             if ev is None:
                 break
-            if i & 31 == 31:
+            work += 1
+            if work >= 32:
+                work = 0
                 _yield(0)
             self.processed += 1
             try:
-                if isinstance(ev, FirstToken):
+                if isinstance(ev, Tokens):
+                    self._tokens(ev, ttft)
+                    work += len(ev.requests) // 4
+                elif isinstance(ev, FirstToken):
                     req = ev.request
                     if req.first_token_ns is not None:
                         ttft.append((req.first_token_ns - req.arrival_ns) / 1e9)
@@ -203,7 +215,7 @@ class Collector(threading.Thread):
         # an OpenTelemetry metrics sink wants each step's values once a meter provider is set (checked each round)
         self.core.feed_values = any(s.wants_step_values for s in self.sinks)
         totals: StepTotals = self.core.take()
-        self.values_dropped += totals.values_dropped
+        self.values_dropped += totals.value_feed_dropped
         for site, message in self.core.take_errors():
             self.errors.log_once(site, message)
         if totals.empty():
@@ -213,10 +225,10 @@ class Collector(threading.Thread):
                 if counts and counts[-1] and (code, kind) not in self._suspect_logged:
                     self._log_suspect(code, kind, counts[-1])
         w = self.recorder.window  # fed every decode step while set
-        if w is not None and totals.window:
+        if w is not None and totals.window_feed:
             try:
-                for seconds, batch, mbu in totals.window:
-                    w.observe_step("decode", seconds, batch, mbu)
+                for e in totals.window_feed:
+                    w.observe_step("decode", e.seconds, e.batch, e.mbu)
             except Exception as e:
                 self.errors.record(e, "profiler window feed")
         return totals
@@ -225,7 +237,7 @@ class Collector(threading.Thread):
         """A utilisation above 1 is impossible: say so once per phase and quantity, naming the peak in use."""
         self._suspect_logged.add((code, kind))
         recent = self.core.recent(code)
-        values = recent[3] if kind == "mbu" else recent[4]
+        values = recent.mbu if kind == "mbu" else recent.mfu
         worst = max(values, default=float("nan"))
         what = "bandwidth" if kind == "mbu" else "dense FLOP/s"
         log.warning(
@@ -285,7 +297,36 @@ class Collector(threading.Thread):
                 self.errors.record(e, f"{type(s).__name__}.record")
 
     # ---- requests ----------------------------------------------------------------------------------
+    def _tokens(self, ev: Tokens, ttft: list[float]) -> None:
+        """One emission of *ev.n* tokens at *ev.t_ns* for each of *ev.requests* (``step.tokens``, ``mon.tokens``):
+        each request's record updated as :meth:`~perfsdk.records.Request.tokens` at that time would have, its
+        first token a TTFT. A request whose finish came first (its Finished event read already, or a finish
+        stamped before *t_ns*) is closed: its late token is not its. Anything else odd is counted, never raised."""
+        t, n = ev.t_ns, ev.n
+        q = self.requests
+        for r in ev.requests:
+            if (type(r) is not Request and not isinstance(r, Request)) or r._q is not q:
+                if not isinstance(r, NullRequest):  # a disabled Monitor's request: nothing to record
+                    self.errors.record(ConfigError(f"expected this Monitor's requests, got {r!r}"), "step.tokens")
+                continue
+            if r._exported:
+                continue
+            f = r.finish_ns
+            if f is not None and f < t:
+                continue
+            times = r.token_ns
+            if t < (times[-1] if times else r.arrival_ns):  # each token at or after the one before, and arrival
+                self.errors.record(ConfigError(f"t_ns {t} is before the request's arrival or its previous token"),
+                                   "step.tokens")
+                continue
+            r.output_tokens += n
+            times.append(t)
+            if r.first_token_ns is None:
+                r.first_token_ns = t
+                ttft.append((t - r.arrival_ns) / 1e9)
+
     def _finished(self, req: Request) -> RequestResult:
+        req._exported = True  # a Tokens event read after this one is not the request's any more
         end = req.finish_ns if req.finish_ns is not None else req.arrival_ns
         span = (end - req.arrival_ns) / 1e9
         first = req.first_token_ns
@@ -337,7 +378,7 @@ class Collector(threading.Thread):
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for code, phase in enumerate(PHASES):
-            out[phase] = summary(*self.core.recent(code))
+            out[phase] = summary(self.core.recent(code))
         out["dropped_records"] = self.core.dropped + self.requests.dropped
         out["untimed_steps_event_pool_empty"] = self.recorder.event_pool_empty
         out["internal_errors"] = self.errors.count + self.core.errors
@@ -346,14 +387,16 @@ class Collector(threading.Thread):
         return out
 
 
-def summary(steps: int, errors: int, secs: list[float], mbu: list[float], mfu: list[float]) -> dict[str, Any]:
-    """One phase's rolling statistics (the last few thousand steps).
+def summary(recent: RecentSteps) -> dict[str, Any]:
+    """One phase's rolling statistics (its last :data:`~perfsdk.records.RECENT` steps).
 
     ``mbu_suspect`` / ``mfu_suspect`` (present only then) say why a utilisation figure cannot be trusted: some
     of these steps had an MBU or MFU above 1, which no step can reach — the peak or the measurement is wrong.
     """
 
-    def pct(xs: list[float], q: float) -> float | None:
+    steps, errors, secs, mbu, mfu = recent.steps, recent.errors, recent.seconds, recent.mbu, recent.mfu
+
+    def pct(xs: Sequence[float], q: float) -> float | None:
         if not xs:
             return None
         s = sorted(xs)

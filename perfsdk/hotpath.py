@@ -16,7 +16,10 @@ Per step, on the serving thread:
    start; push an NVTX range when a tool is attached;
 2. *exit* — pop the NVTX range, read the clock, record the end event, keep it as the thread's last end
    (:class:`LastEnd`, in a ``threading.local``), and push one :class:`StepRecord` to the core —
-   a bounded append that drops and counts when full, never waits.
+   a bounded append that drops and counts when full, never waits — and, when the step was told which
+   requests it emitted tokens for (:meth:`Step.tokens`), one :class:`~perfsdk.records.Tokens` event for
+   all of them to the request queue, stamped with the exit's clock read: one call and one append per step
+   whatever the batch (the collector applies it to each request).
 
 Events are counted references (:class:`~perfsdk.timing.EventPool`): a step holds its start and end, a
 thread holds its last end; the core lets go of a step's two once it has read them. Nothing here waits
@@ -47,7 +50,10 @@ from perfsdk.records import (
     TIMED,
     UNSIZED,
     UNTIMED,
+    Request,
+    RequestQueue,
     StepRecord,
+    Tokens,
     check_count,
     check_lens,
     lens_summary,
@@ -61,6 +67,7 @@ CUDA_ERROR_INVALID_CONTEXT = 201  # a driver call on a thread with no current co
 
 _IDLE, _OPEN, _SKIPPED = 0, 1, 2
 _new_record = tuple.__new__
+_TOKEN_ARGS = (list, tuple)  # step.tokens()'s requests as they come from serving code: taken as they are
 LENS_SQ_MAX = 2**62  # the sum of squared sequence lengths travels as a 64-bit integer (the C record's)
 
 
@@ -98,6 +105,7 @@ class HotState:
     chain_gap_ns: int = 10_000
     every: int = 1                        # time every N-th step (timing_every)
     strict: bool = False
+    requests: RequestQueue | None = None  # where step.tokens() records (None: nowhere)
     # the Python hot path's counters
     event_pool_empty: int = 0             # steps counted but not timed because every event was in flight
     last_exit: int = 0                    # exit number of the latest timed step (0: an untimed one came after)
@@ -173,8 +181,8 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
     ``isinstance(step, perfsdk.Step)`` holds for the C implementation too.
     """
 
-    __slots__ = ("_batch", "_code", "_context_tokens", "_dynamic", "_ev", "_hot", "_lens", "_outer", "_phase",
-                 "_seq_lens", "_state", "_stream", "_t0", "_tokens")
+    __slots__ = ("_batch", "_code", "_context_tokens", "_dynamic", "_emitted", "_ev", "_hot", "_lens", "_outer",
+                 "_phase", "_seq_lens", "_state", "_stream", "_t0", "_tokens")
 
     def __init__(self, hot: HotState, phase: str, batch: Any, tokens: Any, context_tokens: Any,
                  seq_lens: Any) -> None:
@@ -199,6 +207,7 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
         self._ev: Any = None  # None: no events; False: not timed; (start, end): held events
         self._stream = 0
         self._outer: list[tuple[int, int, Any, int]] | None = None  # enclosing entries when re-entered
+        self._emitted: list[tuple[tuple[Request, ...], int]] | None = None  # tokens(): pushed at exit
 
     @property
     def phase(self) -> str:
@@ -208,6 +217,52 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
     def sizes(self) -> tuple[Any, Any, Any, Any]:
         """``(batch, tokens, context_tokens, seq_lens)``; tokens is None when not given."""
         return (self._batch, None if self._tokens == NO_TOKENS else self._tokens, self._context_tokens, self._seq_lens)
+
+    def tokens(self, requests: Sequence[Request], n: int = 1) -> None:
+        """This step emitted *n* tokens (default 1) for each of *requests*: one call per step, whatever the batch.
+
+        Recorded with the step: at its exit, one :class:`~perfsdk.records.Tokens` event for all of them, stamped
+        with the exit's clock read — each request's token time, as a ``req.tokens(n)`` per request right after the
+        step would have been. The collector applies it to each request (the first token: TTFT; later ones:
+        inter-token gaps; TPOT and counts at finish), in order with the requests' other events, so finish a
+        request after the step that emitted its last token. Its ``output_tokens``, ``token_ns`` and
+        ``first_token_ns`` are the collector's to update: on the serving thread they lag until its next round
+        (:class:`~perfsdk.records.Request`). Called outside ``with``, the tokens are recorded now.
+        """
+        hot = self._hot
+        q = hot.requests
+        if q is None:
+            return
+        if hot.strict or type(n) is not int or not 0 < n <= MAX_COUNT or type(requests) not in _TOKEN_ARGS:
+            args = q.token_args("step.tokens", requests, n)
+            if args is None:
+                return
+            reqs, n = args
+        else:
+            reqs = tuple(requests)
+        if not reqs or not n:
+            return
+        if self._state == _IDLE:  # not inside the step: now
+            q.push(_new_record(Tokens, (reqs, q.clock(), n)))
+        elif self._emitted is None:
+            self._emitted = [(reqs, n)]
+        else:
+            self._emitted.append((reqs, n))
+
+    def _emit(self, t: int | None) -> None:
+        """Push the tokens this step was told of (:meth:`tokens`), stamped *t* (None: a clock read now)."""
+        hot = self._hot
+        emitted, self._emitted = self._emitted, None
+        try:
+            q = hot.requests
+            assert q is not None
+            assert emitted is not None
+            if t is None:
+                t = q.clock()
+            for reqs, n in emitted:
+                q.push(_new_record(Tokens, (reqs, t, n)))
+        except Exception as e:
+            hot.errors.record(e, f"{self._phase}.tokens")
 
     def __enter__(self) -> Step:
         hot = self._hot
@@ -293,7 +348,10 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
         else:
             self._state, self._ev = _IDLE, None
         if state != _OPEN:
+            if self._emitted is not None:  # not timed (capture time, an internal error): still the requests' tokens
+                self._emit(None)
             return
+        exit_t = None
         try:
             if hot.nvtx_on:  # first: the range closes even if what follows fails
                 try:
@@ -331,6 +389,7 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
             elif ev is False:
                 hot.exits = next(hot.exit_seq)  # every exit is numbered (see above)
                 hot.last_exit = 0  # an untimed step: the next timed one must not start before it
+            exit_t = t1
             s, sq, n = self._lens
             # tuple.__new__ skips the NamedTuple's Python-level __new__ (the same object, a frame cheaper)
             error = None if exc_type is None else exc_type.__qualname__
@@ -343,6 +402,8 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
                 w.step_end(self._phase)
         except Exception as e:
             hot.errors.record(e, f"{self._phase}.__exit__")
+        if self._emitted is not None:
+            self._emit(exit_t)
 
     def __call__(self, fn: F) -> F:
         hot = self._hot
@@ -355,9 +416,14 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
 
 
 class NoStep(Step):
-    """A step that records nothing: a disabled Monitor's, or one refused for a bad size (counted)."""
+    """A step that records nothing: a disabled Monitor's, or one refused for a bad size (counted) — whose
+    :meth:`tokens` still records the requests' tokens (now) when given the Monitor's *requests* queue."""
 
-    def __init__(self, phase: str) -> None:
+    __slots__ = ("_requests",)
+
+    def __init__(self, phase: str, requests: RequestQueue | None = None) -> None:
+        self._requests = requests
+        self._emitted = None
         self._phase = phase
         self._code = PHASE_CODES.get(phase, 0)
         self._lens = (0, 0, 0)
@@ -371,6 +437,10 @@ class NoStep(Step):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         return None
+
+    def tokens(self, requests: Sequence[Request], n: int = 1) -> None:
+        if self._requests is not None:
+            self._requests.tokens_now("step.tokens", requests, n)
 
     def __call__(self, fn: F) -> F:
         return fn

@@ -22,8 +22,9 @@ Wrap the request lifecycle (host clock: what users feel) and every prefill, deco
     # a step: device time, MBU (decode), MFU (prefill), an NVTX range
     with mon.prefill(tokens=512, batch=1):
         logits = model(prompt)
-    with mon.decode(batch=8, context_tokens=sum(ctx_lens)):
+    with mon.decode(batch=8, context_tokens=sum(ctx_lens)) as step:
         graph.replay()                                  # wrap *around* replay, never inside capture
+        step.tokens(running)                            # a token for each running request: one call per step
     with mon.mixed(prefill_seq_lens=[256], decode_batch=7, context_tokens=7000):
         step()                                          # chunked prefill + decode: MBU and MFU
 
@@ -268,6 +269,15 @@ class Monitor:
                 self._errors.record(e, "request context")
         return Request(self._requests, prompt_tokens, self._clock() if arrival_ns is None else arrival_ns,
                        operation or self.operation, request_id, parent)
+
+    def tokens(self, requests: Sequence[Request], n: int = 1) -> None:
+        """*n* tokens (default 1) each for *requests*, emitted now: one call for a batch (inside a step:
+        :meth:`perfsdk.Step.tokens`, stamped with its exit). Applied by the collector as ``req.tokens(n)`` now would
+        have been, so the requests' ``output_tokens`` and ``token_ns`` lag on this thread until its next round."""
+        if not self._life.on:
+            self._life.refused("tokens")
+            return
+        self._requests.tokens_now("tokens", requests, n)
 
     def prefill(self, tokens: int | Callable[..., int] | None = None, batch: int | Callable[..., int] = 1, *,
                 seq_lens: Sequence[int] | Callable[..., Sequence[int]] | None = None,

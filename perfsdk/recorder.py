@@ -265,7 +265,7 @@ class Recorder(abc.ABC):
         if self.strict:
             raise e
         self.errors.record(e, f"{phase}() sizes")
-        return NoStep(phase)
+        return NoStep(phase, self.state.requests)  # its tokens are still the requests'
 
 
 class PythonRecorder(Recorder):

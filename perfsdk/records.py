@@ -1,24 +1,35 @@
-"""The hand-off: what the serving thread records and the collector reads, as named types.
+"""The hand-off: what the serving thread records, what the step core hands back, as named types.
 
-The serving thread and the collector meet here and nowhere else. Two kinds of record cross:
+The serving thread, the step core and the collector meet here and nowhere else. Three kinds of record cross:
 
 * **steps** (:class:`StepRecord`): one per ``with mon.decode(...)``/``prefill``/``mixed`` or
-  :meth:`~perfsdk.Monitor.record_step`. The C hot path writes the same fields into a C struct of the
-  same name in ``perfsdk/_native/native.h`` and hands it to the C step core through a lock-free ring; the
-  Python hot path (the reference) builds this ``NamedTuple`` and hands it to the Python step core. Sizes
-  travel already reduced to what the costs need (``lens_sum``, ``lens_sq``, ``lens_count`` of the prefill
-  sequence lengths), so the core never reads a Python object;
-* **request events** (:class:`FirstToken`, :class:`Finished`, :class:`MeasuredLatencies`,
+  :meth:`~perfsdk.Monitor.record_step`. The C hot path writes the same fields, in the same order, into a C
+  struct of the same name in ``perfsdk/csrc/native.h`` and hands it to the C step core through a lock-free
+  ring; the Python hot path (the reference) builds this ``NamedTuple`` and hands it to the Python step core.
+  Sizes travel already reduced to what the costs need (``lens_sum``, ``lens_sq``, ``lens_count`` of the
+  prefill sequence lengths), so the core never reads a Python object;
+* **what the step core counted** (:class:`StepTotals`: per-phase :class:`PhaseTotals`, sampled
+  :class:`StepSample` steps, the profiler window's :class:`WindowFeedEntry` and an OpenTelemetry metrics
+  sink's :class:`ValueFeedEntry` items; :class:`RecentSteps` for :meth:`perfsdk.Monitor.stats`), bounded by
+  :data:`RECENT`, :data:`SAMPLES`, :data:`WINDOW_FEED` and :data:`VALUE_FEED`. The C core
+  (``perfsdk._native.StepCore``) is given these capacities when it is built and returns struct sequences
+  with the same names and fields (``tests/test_stepcore.py`` checks that field for field);
+* **request events** (:class:`FirstToken`, :class:`Tokens`, :class:`Finished`, :class:`MeasuredLatencies`,
   :class:`MeasuredRequest`, :class:`Flush`): Python objects on a bounded :class:`RequestQueue`, read by
-  the collector in batches.
+  the collector in batches, in the order they were recorded.
 
 :class:`Request` — one request's life, arrival to finish, on the host clock — lives here too: it is what
 the serving code holds, and all it does is record.
 
-Values the serving code passes are checked here (:func:`count_or_none`): a bad one never raises into the
-server; the record is dropped, counted in ``perfsdk_internal_errors_total`` with the site, and logged
-once with the value — unless the Monitor is *strict* (``Monitor(strict=True)``, on in
-:mod:`perfsdk.testing`), where it raises :class:`~perfsdk.errors.ConfigError` so tests catch caller bugs.
+Values the serving code passes are checked here (:func:`check_count`, :func:`check_lens`,
+:func:`seconds_list`): a bad one never raises into the server; the record is dropped, counted in
+``perfsdk_internal_errors_total`` with the site, and logged once with the value — unless the Monitor is
+*strict* (``Monitor(strict=True)``, on in :mod:`perfsdk.testing`), where it raises
+:class:`~perfsdk.errors.ConfigError` so tests catch caller bugs.
+
+This module runs over 500 lines on purpose: it is the one place both languages' hand-off types are
+defined, and splitting the records from the checks and the request that make them would put the hand-off
+in two places again.
 """
 
 from __future__ import annotations
@@ -42,18 +53,29 @@ __all__ = [
     "MIXED",
     "PHASES",
     "PREFILL",
+    "RECENT",
+    "SAMPLES",
     "TIMED",
     "UNSIZED",
     "UNTIMED",
+    "VALUE_FEED",
+    "WINDOW_FEED",
     "Finished",
     "FirstToken",
     "Flush",
     "MeasuredLatencies",
     "MeasuredRequest",
     "NullRequest",
+    "PhaseTotals",
+    "RecentSteps",
     "Request",
     "RequestQueue",
     "StepRecord",
+    "StepSample",
+    "StepTotals",
+    "Tokens",
+    "ValueFeedEntry",
+    "WindowFeedEntry",
     "check_count",
     "disconnect_reason",
     "finish_reason_label",
@@ -199,11 +221,104 @@ def seconds_list(values: Any) -> tuple[tuple[float, ...], int]:
     return tuple(f for f in map(finite_seconds, items) if f is not None), sum(map(negative_seconds, items))
 
 
+# ---- what the step core counted -----------------------------------------------------------------
+# Capacities of the core's buffers: the C core is given these when it is built (perfsdk.stepcore.native_core).
+RECENT = 4096  # steps kept per phase for stats() (RecentSteps)
+SAMPLES = 4096  # sampled steps kept between two takes (for spans); beyond, counted in dropped_samples
+WINDOW_FEED = 8192  # decode steps kept for a profiler window between two takes (the latest)
+VALUE_FEED = 16384  # timed steps' values kept between two takes for an OpenTelemetry metrics sink; beyond, counted
+
+
+class PhaseTotals(NamedTuple):
+    """What one phase's steps added since the previous take (C: ``perfsdk._native.PhaseTotals``)."""
+
+    steps: int
+    errors: int                 # steps that raised (the user's exception)
+    step_counts: tuple[int, ...]  # per bucket of perfsdk.buckets.STEP, then +Inf (timed steps)
+    step_sum: float             # seconds
+    mbu_counts: tuple[int, ...]   # per bucket of perfsdk.buckets.UTIL, then +Inf
+    mbu_sum: float
+    mfu_counts: tuple[int, ...]
+    mfu_sum: float
+    bytes: float                # of timed steps only: bytes over step seconds stays exact
+    flops: float                # the same
+    tokens: int                 # of every step
+
+    def empty(self) -> bool:
+        return self.steps == 0
+
+
+class StepSample(NamedTuple):
+    """One sampled step, for a span: host start/end, device seconds, sizes, utilisation (C:
+    ``perfsdk._native.StepSample``)."""
+
+    phase: int
+    t0: int
+    t1: int
+    seconds: float | None
+    batch: int
+    tokens: int
+    mbu: float | None
+    mfu: float | None
+    error: str | None
+
+
+class WindowFeedEntry(NamedTuple):
+    """A timed decode step, for a profiler window's steadiness check (C: ``perfsdk._native.WindowFeedEntry``)."""
+
+    seconds: float
+    batch: int
+    mbu: float | None
+
+
+class ValueFeedEntry(NamedTuple):
+    """A timed step's values, for an OpenTelemetry metrics sink (C: ``perfsdk._native.ValueFeedEntry``)."""
+
+    phase: int
+    seconds: float
+    mbu: float | None
+    mfu: float | None
+
+
+class StepTotals(NamedTuple):
+    """Everything a step core's ``take()`` hands over (C: ``perfsdk._native.StepTotals``)."""
+
+    phases: tuple[PhaseTotals, PhaseTotals, PhaseTotals]  # indexed by PREFILL, DECODE, MIXED
+    samples: tuple[StepSample, ...]  # at most SAMPLES
+    window_feed: tuple[WindowFeedEntry, ...]  # while a profiler window listens: the latest WINDOW_FEED
+    value_feed: tuple[ValueFeedEntry, ...]  # while an OpenTelemetry metrics sink listens: at most VALUE_FEED
+    value_feed_dropped: int  # timed steps beyond VALUE_FEED since the previous take
+
+    def empty(self) -> bool:
+        return all(p.empty() for p in self.phases) and not self.samples and not self.window_feed
+
+
+class RecentSteps(NamedTuple):
+    """One phase's last steps, for :meth:`perfsdk.Monitor.stats` (C: ``perfsdk._native.RecentSteps``)."""
+
+    steps: int  # every step ever counted
+    errors: int
+    seconds: tuple[float, ...]  # the last RECENT timed steps' seconds
+    mbu: tuple[float, ...]  # ... their MBUs (where known)
+    mfu: tuple[float, ...]  # ... their MFUs
+
+
 # ---- request events ----------------------------------------------------------------------------
 class FirstToken(NamedTuple):
     """A request emitted its first token (TTFT is observed at once)."""
 
     request: Request
+
+
+class Tokens(NamedTuple):
+    """*n* tokens each for several requests at once, at *t_ns* (:meth:`perfsdk.Step.tokens`: the step's exit;
+    :meth:`perfsdk.Monitor.tokens`: the call). The collector applies it to each request as
+    :meth:`Request.tokens` would have at *t_ns* — the first emission is a TTFT, each later one an inter-token
+    gap — in order with the request's other events. One event per step, whatever the batch."""
+
+    requests: tuple[Request, ...]
+    t_ns: int
+    n: int
 
 
 class Finished(NamedTuple):
@@ -249,7 +364,7 @@ class Flush(NamedTuple):
     sinks: bool = True
 
 
-RequestEvent = FirstToken | Finished | MeasuredLatencies | MeasuredRequest | Flush
+RequestEvent = FirstToken | Tokens | Finished | MeasuredLatencies | MeasuredRequest | Flush
 
 
 class RequestQueue:
@@ -298,6 +413,37 @@ class RequestQueue:
         self._events = deque()
         self.markers = []
         self.dropped = 0
+
+    def token_args(self, where: str, requests: Any, n: Any) -> tuple[tuple[Any, ...], int] | None:
+        """*requests* as a tuple and *n* checked (as :meth:`Request.tokens` checks it), or None once refused.
+
+        Strict, every item must be a :class:`Request` too (off strict mode the collector leaves out and counts
+        anything else: the serving thread's cost must not grow with the batch)."""
+        if type(n) is not int or n < 0 or n > MAX_COUNT:
+            try:
+                n = check_count("n", n)
+            except ConfigError as e:
+                self.refuse(where, str(e))
+                return None
+        if isinstance(requests, (str, bytes)):
+            self.refuse(where, f"expected a sequence of requests, got {requests!r}")
+            return None
+        try:
+            reqs = tuple(requests)
+        except Exception:  # not iterable, or an iterator that fails: the serving code's problem, never raised
+            self.refuse(where, f"expected a sequence of requests, got {requests!r}")
+            return None
+        if self.strict:
+            for r in reqs:
+                if not isinstance(r, Request):
+                    self.refuse(where, f"expected perfsdk requests (Monitor.request()), got {r!r}")
+        return reqs, n
+
+    def tokens_now(self, where: str, requests: Any, n: Any) -> None:
+        """*n* tokens each for *requests*, now: one :class:`Tokens` event (checked as :meth:`token_args` does)."""
+        args = self.token_args(where, requests, n)
+        if args is not None and args[0] and args[1]:
+            self.push(Tokens(args[0], self.clock(), args[1]))
 
     def went_back(self, where: str, n: int) -> None:
         """*n* negative times (a clock that went backwards, the serving code's or an engine's): left out, counted
@@ -369,11 +515,20 @@ class Request:
 
     Created by :meth:`perfsdk.Monitor.request` at arrival. Thread-safe for one writer at a time (arrival on
     an HTTP thread, tokens on the engine thread is fine); :meth:`finish` may race (one call wins).
+
+    An engine loop that emits a token for every running sequence each step records them with one call per
+    step instead of one per request: ``step.tokens(running)`` inside the step (:meth:`perfsdk.Step.tokens`,
+    stamped with the step's exit) or ``mon.tokens(running)`` (:meth:`perfsdk.Monitor.tokens`, stamped now).
+    The collector then applies them to each request — TTFT, inter-token gaps, TPOT and counts exactly as
+    :meth:`tokens` at that time would — so :attr:`output_tokens`, :attr:`token_ns` and
+    :attr:`first_token_ns` lag on the serving thread until its next round (:meth:`perfsdk.Monitor.flush`
+    waits for it). Finish a request after the step whose tokens it emitted (a token stamped after the
+    finish is not the request's), and record one request's tokens one way, not both.
     """
 
     __slots__ = (
-        "_otel_parent", "_q", "arrival_ns", "error", "finish_ns", "finish_reason", "first_token_ns", "operation",
-        "output_tokens", "prompt_tokens", "request_id", "scheduled_ns", "token_ns",
+        "_exported", "_otel_parent", "_q", "arrival_ns", "error", "finish_ns", "finish_reason", "first_token_ns",
+        "operation", "output_tokens", "prompt_tokens", "request_id", "scheduled_ns", "token_ns",
     )
 
     def __init__(self, queue: RequestQueue, prompt_tokens: int, arrival_ns: int, operation: str,
@@ -391,6 +546,7 @@ class Request:
         self.operation = operation
         self.request_id = request_id
         self._otel_parent = otel_parent
+        self._exported = False  # the collector has read its Finished event: later tokens are not its
 
     def scheduled(self, t_ns: int | None = None) -> None:
         """The request left the waiting queue (its queue time ends, prefill may start).
@@ -486,6 +642,8 @@ class NullRequest(Request):
         self.finish_reason = self.error = self.request_id = None
         self.operation = ""
         self._otel_parent = None
+        self._exported = True
+        self._q = None  # type: ignore[assignment]  # records into no queue
 
     def scheduled(self, t_ns: int | None = None) -> None:
         return None

@@ -8,18 +8,25 @@ every output is identical.
 What the core does, per :class:`~perfsdk.records.StepRecord`, in order:
 
 * a TIMED step waits until its end event has completed (it waits for the *newest* pending step, so
-  one wake-up reads every step the host queued before it; the wait sleeps in the driver), reads the
-  device time between its events, and lets go of them (:class:`~perfsdk.timing.EventPool` references:
-  an event goes back to the pool once no step and no thread holds it);
+  one wake-up reads every step the host queued before it; the wait polls the event every poll interval,
+  sleeping between, or is the driver's own for blocking-sync events), reads the device time between its
+  events, and lets go of them (:class:`~perfsdk.timing.EventPool` references: an event goes back to the
+  pool once no step and no thread holds it);
 * prices it (:class:`~perfsdk.stepcost.StepCosts`: bytes, FLOPs, tokens), computes MBU and MFU;
 * adds it to per-phase totals: counts per histogram bucket and sums for step time, MBU and MFU
   (:mod:`perfsdk.buckets`), bytes, FLOPs and tokens — counters only for timed steps' bytes and FLOPs,
   so bytes over step seconds stays exact in PromQL;
-* keeps the last :data:`WINDOW` steps per phase for :meth:`perfsdk.Monitor.stats`, a deterministic
-  sample of steps for spans (``step_span_rate``: at most :data:`SAMPLES` between two takes, the rest
-  counted in ``dropped_samples``), while a profiler window listens every decode step's time, batch and
-  MBU, and while an OpenTelemetry metrics sink listens (``feed_values``) every timed step's phase, time,
-  MBU and MFU (up to :data:`VALUES` per take; beyond, counted).
+* keeps the last :data:`~perfsdk.records.RECENT` steps per phase for :meth:`perfsdk.Monitor.stats`, a
+  deterministic sample of steps for spans (``step_span_rate``: at most :data:`~perfsdk.records.SAMPLES`
+  between two takes, the rest counted in ``dropped_samples``), while a profiler window listens
+  (``feed_window``) every decode step's time, batch and MBU (the window feed), and while an OpenTelemetry
+  metrics sink listens (``feed_values``) every timed step's phase, time, MBU and MFU (the value feed: up to
+  :data:`~perfsdk.records.VALUE_FEED` per take; beyond, counted).
+
+What it hands back is named (:mod:`perfsdk.records`: :class:`~perfsdk.records.StepTotals`,
+:class:`~perfsdk.records.RecentSteps` and the records inside them); the C core returns struct sequences with
+the same fields, which :func:`native_core` turns into those types. The capacities are given to the C core
+when it is built, so they are defined once, in :mod:`perfsdk.records`.
 
 A duration that comes out negative — a host clock that went backwards (``t1 < t0``), a device time read
 as negative — is never observed: the step counts as a step, untimed, and the fault is counted in
@@ -29,9 +36,13 @@ After ``os.fork()`` the core's thread does not exist in the child: :meth:`PyStep
 core's ``after_fork``) makes the child's core new — its own locks, nothing of the parent's queued or
 counted steps (the parent counts those) — and the Monitor starts it again.
 
-The collector thread calls :meth:`take` every export interval and hands the totals to the sinks;
-:meth:`sync` waits (GIL released) until every step pushed before the call is counted. Nothing here
-raises into the serving thread: :meth:`push` is a bounded append that reports ``False`` when full.
+The collector thread calls :meth:`~PyStepCore.take` every export interval and hands the totals to the sinks;
+:meth:`~PyStepCore.sync` waits (GIL released) until every step pushed before the call is counted. Nothing
+here raises into the serving thread: :meth:`~PyStepCore.push` is a bounded append that reports ``False``
+when full.
+
+It runs over 500 lines on purpose: it is the specification of ``perfsdk/csrc/stepcore.c``, read side by side
+with it — the thread's loop, the waits, the counting and the take in one file, as there.
 """
 
 from __future__ import annotations
@@ -40,89 +51,133 @@ import math
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Protocol
 
 from perfsdk.buckets import STEP, UTIL, bucket_index
-from perfsdk.records import DECODE, HOST, PHASES, PREFILL, TIMED, StepRecord
-from perfsdk.stepcost import StepCosts
+from perfsdk.records import (
+    DECODE,
+    HOST,
+    PHASES,
+    PREFILL,
+    RECENT,
+    SAMPLES,
+    TIMED,
+    VALUE_FEED,
+    WINDOW_FEED,
+    PhaseTotals,
+    RecentSteps,
+    StepRecord,
+    StepSample,
+    StepTotals,
+    ValueFeedEntry,
+    WindowFeedEntry,
+)
+from perfsdk.stepcost import StepCosts, utilization
 
-__all__ = ["WINDOW", "PhaseTotals", "PyStepCore", "StepSample", "StepTotals", "native_core"]
+__all__ = [
+    "IDLE_MAX",
+    "RECENT",
+    "SAMPLES",
+    "VALUE_FEED",
+    "WINDOW_FEED",
+    "PhaseTotals",
+    "PyStepCore",
+    "RecentSteps",
+    "StepCore",
+    "StepSample",
+    "StepTotals",
+    "native_core",
+]
 
-WINDOW = 4096  # steps kept per phase for stats()
-WINDOW_FEED = 8192  # decode steps kept for a profiler window between two takes
-VALUES = 16384  # timed steps' values kept between two takes for an OpenTelemetry metrics sink (feed_values)
-SAMPLES = 4096  # sampled steps kept between two takes (for spans)
-IDLE_MAX = 0.1  # longest sleep of an idle core (s); poll_interval is the shortest
+IDLE_MAX = 0.1  # longest sleep of an idle core (s); poll_interval is the shortest (the C core is given it)
 # what the collector logs (once) for a negative duration; the C core's text is the same
 CLOCK_BACKWARDS = "a step's host clock went backwards (it ended before it began): its time is not observed"
 ELAPSED_NEGATIVE = "a step's device time read negative: its time is not observed"
 
 
-class StepSample(NamedTuple):
-    """One sampled step, for a span: host start/end, device seconds, sizes, utilisation."""
+class StepCore(Protocol):
+    """What a Monitor's parts use of a step core: :class:`PyStepCore`, or the C one :func:`native_core` builds."""
 
-    phase: int
-    t0: int
-    t1: int
-    seconds: float | None
-    batch: int
-    tokens: int
-    mbu: float | None
-    mfu: float | None
-    error: str | None
+    implementation: str  # "c" or "python"
+    feed_window: bool  # keep every timed decode step for a profiler window (the window feed)
+    feed_values: bool  # keep every timed step's values for an OpenTelemetry metrics sink (the value feed)
 
-
-@dataclass
-class PhaseTotals:
-    """What one phase's steps added since the previous take."""
-
-    steps: int = 0
-    errors: int = 0
-    step_counts: list[int] = field(default_factory=lambda: [0] * (len(STEP) + 1))
-    step_sum: float = 0.0
-    mbu_counts: list[int] = field(default_factory=lambda: [0] * (len(UTIL) + 1))
-    mbu_sum: float = 0.0
-    mfu_counts: list[int] = field(default_factory=lambda: [0] * (len(UTIL) + 1))
-    mfu_sum: float = 0.0
-    bytes: float = 0.0
-    flops: float = 0.0
-    tokens: int = 0
-
-    def empty(self) -> bool:
-        return self.steps == 0
+    @property
+    def pushed(self) -> int: ...
+    @property
+    def done(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+    @property
+    def dropped_samples(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    def push(self, rec: StepRecord) -> bool: ...
+    def start(self) -> None: ...
+    def stop(self, timeout: float | None = ...) -> bool: ...
+    def pause(self, paused: bool) -> None: ...
+    def sync(self, timeout: float | None) -> bool: ...
+    def take(self) -> StepTotals: ...
+    def recent(self, phase: int) -> RecentSteps: ...
+    def take_errors(self) -> list[tuple[str, str]]: ...
+    def after_fork(self, drop_events: bool) -> None: ...
 
 
-@dataclass
-class StepTotals:
-    """Everything :meth:`PyStepCore.take` hands over: per-phase totals, samples, the window's feed."""
+class _Counts:
+    """One phase's totals while they are being added to (frozen into a PhaseTotals by a take)."""
 
-    phases: tuple[PhaseTotals, PhaseTotals, PhaseTotals]
-    samples: list[StepSample]
-    window: list[tuple[float, int, float | None]]  # decode (seconds, batch, mbu), while feed_window
-    # every timed step's (phase, seconds, mbu, mfu), while feed_values (an OpenTelemetry metrics sink listens)
-    values: list[tuple[int, float, float | None, float | None]] = field(default_factory=list)
-    values_dropped: int = 0  # timed steps beyond VALUES in one interval, left out of `values`
+    __slots__ = ("bytes", "errors", "flops", "mbu_counts", "mbu_sum", "mfu_counts", "mfu_sum", "step_counts",
+                 "step_sum", "steps", "tokens")
 
-    def empty(self) -> bool:
-        return all(p.empty() for p in self.phases) and not self.samples and not self.window
+    def __init__(self) -> None:
+        self.steps = 0
+        self.errors = 0
+        self.step_counts = [0] * (len(STEP) + 1)
+        self.step_sum = 0.0
+        self.mbu_counts = [0] * (len(UTIL) + 1)
+        self.mbu_sum = 0.0
+        self.mfu_counts = [0] * (len(UTIL) + 1)
+        self.mfu_sum = 0.0
+        self.bytes = 0.0
+        self.flops = 0.0
+        self.tokens = 0
+
+    def frozen(self) -> PhaseTotals:
+        return PhaseTotals(self.steps, self.errors, tuple(self.step_counts), self.step_sum, tuple(self.mbu_counts),
+                           self.mbu_sum, tuple(self.mfu_counts), self.mfu_sum, self.bytes, self.flops, self.tokens)
 
 
-def new_totals() -> StepTotals:
-    return StepTotals((PhaseTotals(), PhaseTotals(), PhaseTotals()), [], [])
+class _Interval:
+    """Everything counted since the previous take (see :class:`~perfsdk.records.StepTotals`)."""
+
+    __slots__ = ("phases", "samples", "value_feed", "value_feed_dropped", "window_feed")
+
+    def __init__(self) -> None:
+        self.phases = (_Counts(), _Counts(), _Counts())
+        self.samples: list[StepSample] = []
+        self.window_feed: deque[WindowFeedEntry] = deque(maxlen=WINDOW_FEED)  # the latest steps matter
+        self.value_feed: list[ValueFeedEntry] = []
+        self.value_feed_dropped = 0
+
+    def frozen(self) -> StepTotals:
+        p, d, m = (c.frozen() for c in self.phases)
+        return StepTotals((p, d, m), tuple(self.samples), tuple(self.window_feed), tuple(self.value_feed),
+                          self.value_feed_dropped)
 
 
 class _Recent:
-    """The last WINDOW steps of one phase (stats())."""
+    """The last RECENT steps of one phase (stats())."""
 
     __slots__ = ("errors", "mbu", "mfu", "seconds", "steps")
 
     def __init__(self) -> None:
         self.steps = 0
         self.errors = 0
-        self.seconds: deque[float] = deque(maxlen=WINDOW)
-        self.mbu: deque[float] = deque(maxlen=WINDOW)
-        self.mfu: deque[float] = deque(maxlen=WINDOW)
+        self.seconds: deque[float] = deque(maxlen=RECENT)
+        self.mbu: deque[float] = deque(maxlen=RECENT)
+        self.mfu: deque[float] = deque(maxlen=RECENT)
 
 
 class PyStepCore:
@@ -148,10 +203,10 @@ class PyStepCore:
         self._lock = threading.Lock()  # guards the totals, the recent steps and the counters below
         self._done_cond = threading.Condition(self._lock)
         self._wake = threading.Event()
-        self._totals = new_totals()
+        self._totals = _Interval()
         self._recent = [_Recent(), _Recent(), _Recent()]
         self._sampled = 0  # steps seen by the span sampler
-        self.feed_window = False
+        self.feed_window = False  # keep every timed decode step for a profiler window (the window feed)
         self.feed_values = False  # keep every timed step's values (an OpenTelemetry metrics sink listens)
         self.pushed = 0  # records accepted (serving threads, under the GIL)
         self.done = 0  # records fully counted (this core's thread)
@@ -346,9 +401,9 @@ class PyStepCore:
             mbu = mfu = None
             if seconds is not None and seconds > 0:
                 if nbytes is not None and costs.bandwidth > 0 and p != PREFILL:
-                    mbu = nbytes / (seconds * costs.bandwidth)
+                    mbu = utilization(nbytes, seconds, costs.bandwidth)
                 if flops is not None and costs.peak_flops > 0 and p != DECODE:
-                    mfu = flops / (seconds * costs.peak_flops)
+                    mfu = utilization(flops, seconds, costs.peak_flops)
             if seconds is not None:
                 tot.step_counts[bucket_index(STEP, seconds)] += 1
                 tot.step_sum += seconds
@@ -367,15 +422,12 @@ class PyStepCore:
             if sampled:
                 self._add_sample(StepSample(p, rec.t0, rec.t1, seconds, rec.batch, ntokens, mbu, mfu, None))
             if self.feed_window and p == DECODE and seconds is not None:
-                win = self._totals.window
-                if len(win) >= WINDOW_FEED:
-                    del win[0]  # only the latest steps matter to a steadiness check
-                win.append((seconds, rec.batch, mbu))
+                self._totals.window_feed.append(WindowFeedEntry(seconds, rec.batch, mbu))  # the latest WINDOW_FEED
             if self.feed_values and seconds is not None:
-                if len(self._totals.values) < VALUES:
-                    self._totals.values.append((p, seconds, mbu, mfu))
+                if len(self._totals.value_feed) < VALUE_FEED:
+                    self._totals.value_feed.append(ValueFeedEntry(p, seconds, mbu, mfu))
                 else:
-                    self._totals.values_dropped += 1
+                    self._totals.value_feed_dropped += 1
 
     def _sample(self) -> bool:
         """Deterministic sampling at step_span_rate: step n is sampled when floor(n x rate) moves."""
@@ -395,8 +447,8 @@ class PyStepCore:
     def take(self) -> StepTotals:
         """Everything counted since the previous take (and reset)."""
         with self._lock:
-            out, self._totals = self._totals, new_totals()
-        return out
+            out, self._totals = self._totals, _Interval()
+        return out.frozen()
 
     def sync(self, timeout: float | None) -> bool:
         """Wait until every step pushed before this call is counted (reading the GPU as needed)."""
@@ -413,11 +465,11 @@ class PyStepCore:
                 self._done_cond.wait(0.05 if left is None else min(left, 0.05))
         return True
 
-    def recent(self, phase: int) -> tuple[int, int, list[float], list[float], list[float]]:
-        """(steps, errors, last seconds, last MBUs, last MFUs) of *phase*."""
+    def recent(self, phase: int) -> RecentSteps:
+        """The last steps of *phase* (a phase code: PREFILL, DECODE or MIXED)."""
         with self._lock:
             r = self._recent[phase]
-            return r.steps, r.errors, list(r.seconds), list(r.mbu), list(r.mfu)
+            return RecentSteps(r.steps, r.errors, tuple(r.seconds), tuple(r.mbu), tuple(r.mfu))
 
     def take_errors(self) -> list[tuple[str, str]]:
         with self._lock:
@@ -434,7 +486,7 @@ class PyStepCore:
         self._wake = threading.Event()
         self._records = deque()
         self._pending = deque()
-        self._totals = new_totals()
+        self._totals = _Interval()
         self._recent = [_Recent(), _Recent(), _Recent()]
         self._sampled = 0
         self.pushed = self.done = self.dropped = self.errors = self.dropped_samples = 0
@@ -454,21 +506,33 @@ class PyStepCore:
         return f"<PyStepCore {PHASES} pushed={self.pushed} done={self.done} dropped={self.dropped}>"
 
 
-def native_core(native: Any, costs: StepCosts, capacity: int, span_rate: float, poll_interval: float, events: Any,
-                event_capacity: int, event_prefill: int, new_event: Any, destroy_event: Any) -> Any:
-    """The C step core (``perfsdk._native.StepCore``), its :meth:`take` giving :class:`StepTotals` as here."""
+def native_core(costs: StepCosts, capacity: int, span_rate: float, poll_interval: float, events: Any,
+                event_capacity: int, event_prefill: int, new_event: Any, destroy_event: Any) -> StepCore:
+    """The C step core (``perfsdk._native.StepCore``), given the capacities of :mod:`perfsdk.records`, its
+    ``take()`` and ``recent()`` giving the types of :mod:`perfsdk.records`, as :class:`PyStepCore`'s do.
 
-    class NativeStepCore(native.StepCore):  # type: ignore[misc]
+    The C core returns struct sequences whose field names are those of the records' types, in the same order
+    (``tests/test_stepcore.py`` checks each pair), so each converts by its fields' order. Raises ImportError
+    where the extension was not built.
+    """
+    from perfsdk._native import StepCore
+
+    class NativeStepCore(StepCore):
         implementation = "c"
 
-        def take(self) -> StepTotals:
-            phases, samples, window, values, values_dropped = super().take()
+        # the records' types, not the C struct sequences: the same fields (checked), one type for both cores
+        def take(self) -> StepTotals:  # type: ignore[override]
+            t = super().take()
             return StepTotals(
-                tuple(PhaseTotals(p[0], p[1], list(p[2]), p[3], list(p[4]), p[5], list(p[6]), p[7], p[8], p[9],
-                                  p[10]) for p in phases),  # type: ignore[arg-type]
-                [StepSample(*x) for x in samples], window, values, values_dropped)
+                (PhaseTotals._make(t.phases[0]), PhaseTotals._make(t.phases[1]), PhaseTotals._make(t.phases[2])),
+                tuple(map(StepSample._make, t.samples)), tuple(map(WindowFeedEntry._make, t.window_feed)),
+                tuple(map(ValueFeedEntry._make, t.value_feed)), t.value_feed_dropped)
 
-    return NativeStepCore(costs=costs, capacity=capacity, span_rate=span_rate, poll_interval=poll_interval,
-                          events=events, event_capacity=event_capacity, event_prefill=event_prefill,
-                          new_event=new_event,
-                          destroy_event=destroy_event, step_bounds=STEP, util_bounds=UTIL)
+        def recent(self, phase: int) -> RecentSteps:  # type: ignore[override]
+            return RecentSteps._make(super().recent(phase))
+
+    return NativeStepCore(
+        costs=costs, capacity=capacity, span_rate=span_rate, poll_interval=poll_interval, events=events,
+        event_capacity=event_capacity, event_prefill=event_prefill, new_event=new_event, destroy_event=destroy_event,
+        step_bounds=STEP, util_bounds=UTIL, recent=RECENT, samples=SAMPLES, window_feed=WINDOW_FEED,
+        value_feed=VALUE_FEED, idle_max=IDLE_MAX)

@@ -234,3 +234,19 @@ def test_a_step_kept_in_a_cycle_with_its_monitor_is_collected() -> None:
     del mon
     gc.collect()
     assert ref() is None
+
+
+@needs_c
+@pytest.mark.slow
+def test_the_stub_describes_the_extension_exactly() -> None:
+    """``perfsdk/_native.pyi`` types every class, method, attribute, function and constant of ``perfsdk._native``,
+    with the signatures the C code parses (mypy's stubtest imports the module and compares): strict mypy then
+    checks the Python that calls into C."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert os.path.exists(os.path.join(root, "perfsdk", "_native.pyi"))  # stubtest finds nothing to check without
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-m", "mypy.stubtest", "perfsdk._native"], capture_output=True, text=True,
+                         env=env, cwd=root, timeout=240, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -19,8 +19,8 @@ from perfsdk.hardware import HardwareSpec
 from perfsdk.model import ModelSpec
 from perfsdk.monitor import load_native
 from perfsdk.records import DECODE, HOST, MIXED, PREFILL, UNSIZED, UNTIMED, StepRecord, lens_summary
-from perfsdk.stepcore import CLOCK_BACKWARDS, SAMPLES, PyStepCore, StepTotals, native_core
-from perfsdk.stepcost import StepCosts
+from perfsdk.stepcore import CLOCK_BACKWARDS, SAMPLES, VALUE_FEED, PyStepCore, StepTotals, native_core
+from perfsdk.stepcost import StepCosts, utilization
 
 native = load_native()
 needs_c = pytest.mark.skipif(native is None, reason="perfsdk._native is not built here")
@@ -76,7 +76,7 @@ def py_core(c: StepCosts, span_rate: float = 0.1, capacity: int = 100_000) -> Py
 
 
 def c_core(c: StepCosts, span_rate: float = 0.1, capacity: int = 100_000) -> Any:
-    return native_core(native, c, capacity, span_rate, 0.001, None, 0, 0, None, None)
+    return native_core(c, capacity, span_rate, 0.001, None, 0, 0, None, None)
 
 
 @needs_c
@@ -97,18 +97,16 @@ def test_c_and_python_cores_agree_exactly(seed: int, model: str) -> None:
 @needs_c
 def test_the_value_feed_keeps_every_timed_step_and_counts_what_it_cannot() -> None:
     """feed_values (an OpenTelemetry metrics sink): each timed step's (phase, seconds, MBU, MFU), identical in
-    both cores, at most VALUES per take, the rest counted."""
-    from perfsdk.stepcore import VALUES
-
-    n = VALUES + 7
+    both cores, at most VALUE_FEED per take, the rest counted."""
+    n = VALUE_FEED + 7
     recs = [StepRecord(DECODE, HOST, 0, 1_000_000 + i, None, None, 1, -1, 10, 0, 0, 0, None) for i in range(n)]
     recs.append(StepRecord(DECODE, UNTIMED, 0, 5, None, None, 1, -1, 10, 0, 0, 0, None))  # not timed: no value
     py = run(py_core(costs(), span_rate=0.0), recs)
     c = run(c_core(costs(), span_rate=0.0), recs)
     assert c == py
     totals, _ = py
-    assert len(totals.values) == VALUES and totals.values_dropped == 7
-    phase, seconds, mbu, mfu = totals.values[0]
+    assert len(totals.value_feed) == VALUE_FEED and totals.value_feed_dropped == 7
+    phase, seconds, mbu, mfu = totals.value_feed[0]
     assert (phase, seconds, mfu) == (DECODE, 0.001, None) and mbu is not None and mbu > 0
 
 
@@ -221,3 +219,129 @@ def test_timed_steps_through_both_pipelines_export_the_same_numbers(seed: int) -
     py = scripted_run("python", seed)
     assert c == py
     assert len(c[0][DECODE][2]) > 150  # the decode steps were timed
+
+
+HAND_OFF = ("PhaseTotals", "StepSample", "WindowFeedEntry", "ValueFeedEntry", "StepTotals", "RecentSteps")
+
+
+@needs_c
+@pytest.mark.parametrize("name", HAND_OFF)
+def test_each_c_struct_sequence_has_the_fields_of_its_python_type(name: str) -> None:
+    """The C core's results are named: each struct sequence has the field names of the perfsdk.records type of the
+    same name, in the same order — a field added, dropped or moved on one side only fails here."""
+    from perfsdk import records
+
+    c_type, py_type = getattr(native, name), getattr(records, name)
+    assert c_type.__match_args__ == py_type._fields
+    assert c_type.n_fields == c_type.n_sequence_fields == len(py_type._fields)
+
+
+@needs_c
+def test_both_cores_hand_back_the_records_types() -> None:
+    from perfsdk import records
+
+    recs = random_records(random.Random(9), 200)
+    for core in (py_core(costs(), span_rate=0.5), c_core(costs(), span_rate=0.5)):
+        totals, recent = run(core, recs)
+        assert type(totals) is records.StepTotals
+        assert all(type(p) is records.PhaseTotals for p in totals.phases)
+        assert totals.samples and all(type(s) is records.StepSample for s in totals.samples)
+        assert totals.window_feed and all(type(e) is records.WindowFeedEntry for e in totals.window_feed)
+        assert totals.value_feed and all(type(e) is records.ValueFeedEntry for e in totals.value_feed)
+        assert all(type(r) is records.RecentSteps for r in recent)
+        assert recent[DECODE].steps == totals.phases[DECODE].steps > 0
+
+
+@needs_c
+def test_the_c_constants_are_the_python_ones() -> None:
+    from perfsdk import hotpath, records
+
+    for name in ("PREFILL", "DECODE", "MIXED", "TIMED", "HOST", "UNTIMED", "NO_TOKENS", "UNSIZED"):
+        assert getattr(native, name) == getattr(records, name), name
+    assert native.LENS_SQ_MAX == hotpath.LENS_SQ_MAX
+    assert len(STEP) <= native.MAX_STEP_BOUNDS
+    assert len(UTIL) <= native.MAX_UTIL_BOUNDS
+
+
+@needs_c
+def test_the_c_core_reads_a_pushed_record_by_field_name() -> None:
+    """``push`` reads a record's fields by name: the same step in a type with its fields in another order (or any
+    object with those attributes) counts exactly as the StepRecord does."""
+    from typing import NamedTuple
+
+    class Reordered(NamedTuple):  # StepRecord's fields, reversed
+        error: str | None
+        lens_count: int
+        lens_sq: int
+        lens_sum: int
+        context_tokens: int
+        tokens: int
+        batch: int
+        end: Any
+        start: Any
+        t1: int
+        t0: int
+        timing: int
+        phase: int
+
+    recs = random_records(random.Random(3), 500)
+    reordered = [Reordered(*{f: getattr(r, f) for f in Reordered._fields}.values()) for r in recs]
+    assert run(c_core(costs()), reordered) == run(py_core(costs()), recs)
+    with pytest.raises(TypeError, match="StepRecord"):
+        c_core(costs()).push((0,) * 13)  # a bare tuple has no names
+
+
+@needs_c
+def test_the_c_core_allocates_the_capacities_it_is_given() -> None:
+    """The buffers' capacities are given to the C core (perfsdk.records defines them once); none is built in."""
+    kw: dict[str, Any] = {"costs": costs(), "capacity": 100, "span_rate": 1.0, "poll_interval": 0.001,
+                          "events": None, "event_capacity": 0, "event_prefill": 0, "new_event": None,
+                          "destroy_event": None, "step_bounds": STEP, "util_bounds": UTIL, "idle_max": 0.1}
+    with pytest.raises(TypeError):
+        native.StepCore(**kw)  # no capacities: refused, not defaulted
+    with pytest.raises(ValueError, match="recent"):
+        native.StepCore(**kw, recent=0, samples=2, window_feed=4, value_feed=5)
+    core = native.StepCore(**kw, recent=3, samples=2, window_feed=4, value_feed=5)
+    recs = [StepRecord(DECODE, HOST, 0, 1_000_000 * (i + 1), None, None, 1, -1, 10, 0, 0, 0, None) for i in range(9)]
+    core.feed_window = core.feed_values = True
+    core.start()
+    try:
+        for r in recs:
+            assert core.push(r)
+        assert core.sync(10)
+        totals, recent = core.take(), core.recent(DECODE)
+    finally:
+        core.stop(10)
+    assert recent.seconds == (0.007, 0.008, 0.009)  # the last 3
+    assert len(totals.samples) == 2 and core.dropped_samples == 7
+    assert [e.seconds for e in totals.window_feed] == [0.006, 0.007, 0.008, 0.009]  # the latest 4
+    assert len(totals.value_feed) == 5 and totals.value_feed_dropped == 4
+
+
+def test_the_named_formulas_are_the_budget_ones_and_the_cores() -> None:
+    """``stepcost.StepCosts`` is the one source of the formulas: each named piece is what ``budget`` returns for
+    that quantity, and what a step core's ``cost()`` prices a step with, to the last bit."""
+    rng = random.Random(8)
+    for spec in (MODEL, MODEL.with_tp(2), ModelSpec(name="x", params=1e9, weight_bytes=2e9)):
+        c = costs(spec)
+        for _ in range(200):
+            lens = [rng.randrange(1, 5000) for _ in range(rng.randrange(1, 6))]
+            ctx, batch = rng.randrange(0, 100_000), rng.randrange(1, 256)
+            s, sq, n = lens_summary(PREFILL, len(lens), -1, lens)
+            # without the KV shape the core leaves the KV bytes out (a floor asking for them is a ConfigError)
+            assert c.decode_bytes(batch, ctx) == budget.decode_step_bytes(spec, ctx if c.kv else 0, batch)
+            assert c.decode_flops(batch, ctx) == budget.decode_flops(spec, batch, ctx)
+            assert c.prefill_bytes(s, ctx) == budget.prefill_step_bytes(spec, lens, ctx)
+            assert c.prefill_flops(s, sq, n, ctx) == budget.prefill_flops(spec, lens, attention=c.kv,
+                                                                         cached_tokens=ctx)
+            if c.kv:
+                assert c.attention_flops(s, sq, n, ctx) == budget.attention_flops(spec, lens, ctx)
+            assert c.mixed_bytes(batch, ctx, s) == budget.mixed_step_bytes(spec, lens, ctx, batch)
+            assert c.mixed_flops(batch, ctx, s, sq, n) == budget.mixed_step_flops(spec, lens, batch, ctx)
+            assert c.cost(DECODE, batch, ctx, 0, 0, 0) == (c.decode_bytes(batch, ctx), c.decode_flops(batch, ctx),
+                                                           batch)
+            assert c.cost(PREFILL, len(lens), ctx, s, sq, n) == (c.prefill_bytes(s, ctx),
+                                                                 c.prefill_flops(s, sq, n, ctx), s)
+            assert c.cost(MIXED, batch, ctx, s, sq, n) == (c.mixed_bytes(batch, ctx, s),
+                                                           c.mixed_flops(batch, ctx, s, sq, n), s + batch)
+        assert budget.mbu(1e9, 0.01, 2e12) == utilization(1e9, 0.01, 2e12) == 1e9 / (0.01 * 2e12)

@@ -17,8 +17,12 @@
  * Types:
  *   Hot      one per Monitor, built from a perfsdk.hotpath.HotState (the same fields, read once) by the
  *            Monitor's perfsdk.recorder.NativeRecorder, which alone sets its window; hot.step(...) makes a Step.
- *   Step     one `with`: __enter__, __exit__, __call__ (decorator).
+ *   Step     one `with`: __enter__, __exit__, __call__ (decorator), tokens() (the requests it emitted a
+ *            token for: one perfsdk.records.Tokens event at exit, whatever the batch).
  *   LastEnd  one per serving thread (in a threading.local): the thread's last timed step's end event.
+ *
+ * It runs over 500 lines on purpose: one translation unit for the hot path, so that the steady path (enter,
+ * exit, the clock, the record, the ring push) compiles into a few inlined calls without exported symbols.
  */
 #include "native.h"
 
@@ -28,7 +32,6 @@
 #define STATE_IDLE 0
 #define STATE_OPEN 1
 #define STATE_SKIPPED 2
-#define LENS_SQ_MAX (((int64_t)1) << 62)
 
 /* Keep the current exception aside while calling Python, then put it back. */
 typedef struct { PyObject *a, *b, *c; } saved_exc;
@@ -52,7 +55,8 @@ static inline void exc_restore(saved_exc s) {
 }
 
 static PyObject *str_wants_steps, *str_step_begin, *str_step_end, *str_h, *str_qualname, *str_prefill, *str_decode,
-    *str_mixed, *str_enter_where, *str_exit_where, *str_nvtx_where;
+    *str_mixed, *str_enter_where, *str_exit_where, *str_nvtx_where, *str_n, *str_step, *str_step_tokens,
+    *str_tokens_where;
 static PyTypeObject LastEndType, StepType, HotType;
 
 /* ------------------------------------------------------------------------------------------ LastEnd */
@@ -169,6 +173,10 @@ typedef struct {
     long long exit_seq;
     long long event_pool_empty; /* steps counted but not timed because every event was in flight */
     int timed;                /* the core has events */
+    int strict;               /* bad values raise (perfsdk.testing): step.tokens() checks every request */
+    PyObject *requests_push;  /* the request queue's push(event), or NULL: step.tokens() records nowhere */
+    PyObject *token_args;     /* its token_args(where, requests, n): the checks, for what is not plain */
+    PyTypeObject *tokens_type;  /* perfsdk.records.Tokens */
 } Hot;
 
 static PyObject *opt_attr(PyObject *o, const char *name) {
@@ -191,6 +199,9 @@ static int hot_traverse(Hot *self, visitproc visit, void *arg) {
     Py_VISIT(self->window);
     Py_VISIT(self->decorate);
     Py_VISIT(self->slow_step);
+    Py_VISIT(self->requests_push);
+    Py_VISIT(self->token_args);
+    Py_VISIT(self->tokens_type);
     return 0;
 }
 
@@ -208,6 +219,9 @@ static int hot_clear(Hot *self) {
     Py_CLEAR(self->window);
     Py_CLEAR(self->decorate);
     Py_CLEAR(self->slow_step);
+    Py_CLEAR(self->requests_push);
+    Py_CLEAR(self->token_args);
+    Py_CLEAR(self->tokens_type);
     return 0;
 }
 
@@ -259,7 +273,26 @@ static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->chain_gap_ns = attr_ll(st, "chain_gap_ns", &ok);
     self->every = attr_ll(st, "every", &ok);
     self->event_pool_empty = attr_ll(st, "event_pool_empty", &ok);  /* what a previous binding counted */
+    self->strict = attr_ll(st, "strict", &ok) != 0;
     if (!ok) goto fail;
+    PyObject *requests = opt_attr(st, "requests");
+    if (requests) {
+        self->requests_push = PyObject_GetAttrString(requests, "push");
+        self->token_args = self->requests_push ? PyObject_GetAttrString(requests, "token_args") : NULL;
+        Py_DECREF(requests);
+        PyObject *records = self->token_args ? PyImport_ImportModule("perfsdk.records") : NULL;
+        PyObject *tokens = records ? PyObject_GetAttrString(records, "Tokens") : NULL;
+        Py_XDECREF(records);
+        if (!tokens) goto fail;
+        if (!PyType_Check(tokens) || !PyType_IsSubtype((PyTypeObject *)tokens, &PyTuple_Type)) {
+            Py_DECREF(tokens);
+            PyErr_SetString(PyExc_TypeError, "Hot: perfsdk.records.Tokens must be a NamedTuple");
+            goto fail;
+        }
+        self->tokens_type = (PyTypeObject *)tokens;
+    } else if (PyErr_Occurred()) {
+        goto fail;
+    }
     if (!self->local || !self->slow_step || !self->decorate || !self->errors_record) {
         PyErr_SetString(PyExc_ValueError, "Hot: state needs local, slow_step, decorate and errors");
         goto fail;
@@ -396,6 +429,9 @@ typedef struct {
     int32_t start, end;
     uintptr_t stream;
     PyObject *outer;  /* a list of (state, t0, timed, start, end, stream) of enclosing entries, or NULL */
+    PyObject *emitted;       /* step.tokens(): a tuple of requests, pushed at exit; or NULL */
+    int64_t emitted_n;       /* ... their tokens each */
+    PyObject *emitted_more;  /* further tokens() calls in the same step: a list of (requests, n), or NULL */
 } Step;
 
 static int step_traverse(Step *self, visitproc visit, void *arg) {
@@ -405,6 +441,8 @@ static int step_traverse(Step *self, visitproc visit, void *arg) {
     Py_VISIT(self->context_tokens);
     Py_VISIT(self->seq_lens);
     Py_VISIT(self->outer);
+    Py_VISIT(self->emitted);
+    Py_VISIT(self->emitted_more);
     return 0;
 }
 
@@ -416,6 +454,8 @@ static int step_clear(Step *self) {
     Py_CLEAR(self->context_tokens);
     Py_CLEAR(self->seq_lens);
     Py_CLEAR(self->outer);
+    Py_CLEAR(self->emitted);
+    Py_CLEAR(self->emitted_more);
     return 0;
 }
 
@@ -506,6 +546,8 @@ static Step *step_make(Hot *hot, PyObject *phase, int32_t code, PyObject *batch,
     s->start = s->end = NO_EVENT;
     s->stream = 0;
     s->outer = NULL;
+    s->emitted = s->emitted_more = NULL;
+    s->emitted_n = 0;
     PyObject_GC_Track(s);
     return s;
 }
@@ -661,12 +703,13 @@ static PyObject *step_enter(Step *self, PyObject *Py_UNUSED(ignored)) {
 
 /* Exit of an open entry. On failure (-1, exception set) the entry's events have been let go of. */
 static int exit_body(Step *self, Hot *hot, long long t0, int timed, int32_t start, int32_t end, uintptr_t stream,
-                     PyObject *exc_type) {
+                     PyObject *exc_type, long long *exit_t) {
     /* A timed step reads the clock after its end record, not before: a record that waited for room in a full
        launch queue (graphs replayed back to back) still sits right behind the step's work, and the chain gap
        to the next step must count from its return. */
     long long t1 = 0;
     if (timed != 1 && now_ns(hot, &t1) < 0) return -1;
+    if (timed != 1) *exit_t = t1;
     StepRecord r;
     r.phase = self->code;
     r.timing = hot->timed ? TIMING_UNTIMED : TIMING_HOST;
@@ -683,6 +726,7 @@ static int exit_body(Step *self, Hot *hot, long long t0, int timed, int32_t star
             core_unref(hot->core, end);
             return -1;
         }
+        *exit_t = t1;
         LastEnd *h = thread_last(hot);
         if (!h) {  /* recorded, but no thread holds it: the step's holds go with the record below */
             if (start != NO_EVENT) core_unref(hot->core, start);
@@ -737,6 +781,100 @@ static int exit_body(Step *self, Hot *hot, long long t0, int timed, int32_t star
     return window_hook(hot, str_step_end, self->phase);
 }
 
+/* One perfsdk.records.Tokens(requests, t, n) on the request queue: a tuple subclass made here (no Python frame),
+   then its push(). 0, or -1 with an exception set. */
+static int push_tokens(Hot *hot, PyObject *requests, int64_t n, long long t) {
+    PyObject *tobj = PyLong_FromLongLong(t), *nobj = tobj ? PyLong_FromLongLong(n) : NULL;
+    PyObject *ev = nobj ? hot->tokens_type->tp_alloc(hot->tokens_type, 3) : NULL;
+    if (!ev) {
+        Py_XDECREF(tobj);
+        Py_XDECREF(nobj);
+        return -1;
+    }
+    PyTuple_SET_ITEM(ev, 0, Py_NewRef(requests));
+    PyTuple_SET_ITEM(ev, 1, tobj);
+    PyTuple_SET_ITEM(ev, 2, nobj);
+    PyObject *r = PyObject_CallOneArg(hot->requests_push, ev);
+    Py_DECREF(ev);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* At exit: the tokens step.tokens() was told of, stamped t (negative: a clock read now). */
+static int emit_tokens(Step *self, Hot *hot, long long t) {
+    PyObject *requests = self->emitted, *more = self->emitted_more;
+    int64_t n = self->emitted_n;
+    self->emitted = self->emitted_more = NULL;
+    int rc = t < 0 ? now_ns(hot, &t) : 0;
+    if (rc == 0) rc = push_tokens(hot, requests, n, t);
+    for (Py_ssize_t i = 0; rc == 0 && more && i < PyList_GET_SIZE(more); i++) {
+        PyObject *item = PyList_GET_ITEM(more, i);  /* (requests, n) */
+        rc = push_tokens(hot, PyTuple_GET_ITEM(item, 0), PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1)), t);
+    }
+    Py_DECREF(requests);
+    Py_XDECREF(more);
+    return rc;
+}
+
+/* step.tokens(requests, n=1): this step emitted n tokens for each of requests (perfsdk.hotpath.Step.tokens).
+   A list or tuple and a plain n are taken as they are (a copy of the list: its length is the only cost that
+   grows with the batch); anything else, and everything in strict mode, goes through the queue's checks. */
+static PyObject *step_tokens(Step *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    Hot *hot = self->hot;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs < 1 || nargs + nkw > 2 || (nkw && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), str_n) != 0)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "tokens(requests, n=1)");
+        return NULL;
+    }
+    if (!hot->requests_push) Py_RETURN_NONE;
+    PyObject *given = args[0], *nobj = nargs + nkw == 2 ? args[1] : NULL;
+    PyObject *requests;
+    int64_t n = 1;
+    if (!hot->strict && (PyList_CheckExact(given) || PyTuple_CheckExact(given)) && (!nobj || plain_count(nobj, &n))) {
+        requests = PySequence_Tuple(given);  /* a tuple: itself */
+        if (!requests) return swallow(hot, str_step, str_tokens_where) < 0 ? NULL : Py_NewRef(Py_None);
+    } else {
+        PyObject *one = NULL;
+        if (!nobj) nobj = one = PyLong_FromLong(1);
+        PyObject *checked = nobj ? PyObject_CallFunctionObjArgs(hot->token_args, str_step_tokens, given, nobj, NULL)
+                                 : NULL;
+        Py_XDECREF(one);
+        if (!checked) {  /* strict: the ConfigError is the caller's; else a failure of perfsdk's own, counted */
+            if (hot->strict) return NULL;
+            return swallow(hot, str_step, str_tokens_where) < 0 ? NULL : Py_NewRef(Py_None);
+        }
+        if (checked == Py_None) {  /* refused, counted */
+            Py_DECREF(checked);
+            Py_RETURN_NONE;
+        }
+        requests = Py_NewRef(PyTuple_GET_ITEM(checked, 0));
+        n = PyLong_AsLongLong(PyTuple_GET_ITEM(checked, 1));
+        Py_DECREF(checked);
+    }
+    if (n == 0 || PyTuple_GET_SIZE(requests) == 0) {
+        Py_DECREF(requests);
+        Py_RETURN_NONE;
+    }
+    int rc = 0;
+    if (self->state == STATE_IDLE) {  /* not inside the step: now */
+        long long t;
+        rc = now_ns(hot, &t) < 0 ? -1 : push_tokens(hot, requests, n, t);
+        Py_DECREF(requests);
+    } else if (!self->emitted) {
+        self->emitted = requests;  /* the reference is the step's */
+        self->emitted_n = n;
+    } else {
+        PyObject *item = Py_BuildValue("(NL)", requests, (long long)n);
+        if (!item || (!self->emitted_more && !(self->emitted_more = PyList_New(0))) ||
+            PyList_Append(self->emitted_more, item) < 0)
+            rc = -1;
+        Py_XDECREF(item);
+    }
+    if (rc < 0 && swallow(hot, str_step, str_tokens_where) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *step_exit(Step *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "__exit__ takes exactly 3 arguments");
@@ -768,6 +906,7 @@ static PyObject *step_exit(Step *self, PyObject *const *args, Py_ssize_t nargs) 
         }
         PyList_SetSlice(self->outer, n - 1, n, NULL);
     }
+    long long exit_t = -1;  /* the exit's clock read, once made */
     if (state == STATE_OPEN) {
         if (hot->nvtx_on) {  /* first: the range closes even if what follows fails */
             PyObject *r = PyObject_CallNoArgs(hot->nvtx_pop);
@@ -780,10 +919,13 @@ static PyObject *step_exit(Step *self, PyObject *const *args, Py_ssize_t nargs) 
                 return NULL;
             }
         }
-        if (exit_body(self, hot, t0, timed, start, end, stream, args[0]) < 0 &&
+        if (exit_body(self, hot, t0, timed, start, end, stream, args[0], &exit_t) < 0 &&
             swallow(hot, self->phase, str_exit_where) < 0)
             return NULL;
     }
+    /* not timed (capture time, an internal error) or not: the tokens told of are the requests' */
+    if (self->emitted && emit_tokens(self, hot, exit_t) < 0 && swallow(hot, self->phase, str_tokens_where) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -809,6 +951,8 @@ static PyObject *step_repr(Step *self) {
 static PyMethodDef step_methods[] = {
     {"__enter__", (PyCFunction)step_enter, METH_NOARGS, "Start the step."},
     {"__exit__", (PyCFunction)(void (*)(void))step_exit, METH_FASTCALL, "End the step."},
+    {"tokens", (PyCFunction)(void (*)(void))step_tokens, METH_FASTCALL | METH_KEYWORDS,
+     "tokens(requests, n=1): this step emitted n tokens for each of requests (recorded with its exit)."},
     {NULL}};
 
 static PyGetSetDef step_getset[] = {
@@ -931,6 +1075,10 @@ int init_hotpath(PyObject *module) {
     INTERN(str_enter_where, ".__enter__");
     INTERN(str_exit_where, ".__exit__");
     INTERN(str_nvtx_where, ".__exit__ nvtx");
+    INTERN(str_n, "n");
+    INTERN(str_step, "step");
+    INTERN(str_step_tokens, "step.tokens");
+    INTERN(str_tokens_where, ".tokens");
     if (PyType_Ready(&LastEndType) < 0 || PyType_Ready(&StepType) < 0 || PyType_Ready(&HotType) < 0) return -1;
     if (PyModule_AddObjectRef(module, "LastEnd", (PyObject *)&LastEndType) < 0 ||
         PyModule_AddObjectRef(module, "Step", (PyObject *)&StepType) < 0 ||

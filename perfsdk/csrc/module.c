@@ -1,4 +1,4 @@
-/* perfsdk._native: the hot path (hotpath.c) and the step core (stepcore.c) in C.
+/* perfsdk._native: the hot path (hotpath.c), the step core (stepcore.c) and their named hand-off (records.c) in C.
  *
  * An optional extension: where it cannot be built perfsdk runs the same algorithms in Python
  * (perfsdk.hotpath, perfsdk.stepcore), and Monitor.hot_path says which runs. The module needs the GIL:
@@ -16,7 +16,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    if (init_stepcore(m) < 0 || init_hotpath(m) < 0) {
+    if (init_records(m) < 0 || init_stepcore(m) < 0 || init_hotpath(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

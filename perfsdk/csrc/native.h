@@ -3,7 +3,8 @@
  * The hot path (hotpath.c) runs on serving threads with the GIL held; the step core (stepcore.c) runs on
  * a native thread that never takes it. They meet in three places, all here:
  *
- *   StepRecord  one step, the C twin of perfsdk.records.StepRecord (same fields, same meaning);
+ *   StepRecord  one step, the C twin of perfsdk.records.StepRecord (the same fields in the same order,
+ *               the same meaning);
  *   Ring        a single-producer, single-consumer ring of StepRecords. Producers are serving threads,
  *               serialised by the GIL (every push happens inside one C call holding it); the consumer is
  *               the core's thread. Lock-free: the producer publishes with a release store of `head`, the
@@ -14,6 +15,10 @@
  *               guarded by a mutex nobody holds while calling out.
  *
  * The core's mutex guards its totals; no code holds it while calling a driver function or Python.
+ *
+ * What the core hands back to Python is named too: records.c defines the struct sequences (PhaseTotals,
+ * StepSample, WindowFeedEntry, ValueFeedEntry, StepTotals, RecentSteps) with the fields of the
+ * perfsdk.records types of the same names, and the constants both languages share.
  */
 #ifndef PERFSDK_NATIVE_H
 #define PERFSDK_NATIVE_H
@@ -24,24 +29,29 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+/* perfsdk.records' PREFILL, DECODE, MIXED and TIMED, HOST, UNTIMED (exported under those names: checked equal) */
 enum { PHASE_PREFILL = 0, PHASE_DECODE = 1, PHASE_MIXED = 2, NPHASES = 3 };
 enum { TIMING_TIMED = 0, TIMING_HOST = 1, TIMING_UNTIMED = 2 };
+#define NSTEP_MAX 64 /* histogram bounds the core holds at most (exported as MAX_STEP_BOUNDS) */
+#define NUTIL_MAX 32 /* ... for MBU and MFU (MAX_UTIL_BOUNDS) */
 
 #define NO_EVENT (-1)
 #define NO_TOKENS (-1)
 #define UNSIZED (-1) /* StepRecord.context_tokens of a step with no sizes (perfsdk.records.UNSIZED) */
+#define LENS_SQ_MAX (((int64_t)1) << 62) /* a step's sum of squared lengths stays below (perfsdk.hotpath) */
 #define MAX_ERROR_NAMES 64
 #define CUDA_ERROR_NOT_READY 600
 #define CUDA_ERROR_INVALID_CONTEXT 201
 
+/* perfsdk.records.StepRecord's fields, in its order */
 typedef struct {
-    int32_t phase;        /* PHASE_* */
-    int32_t timing;       /* TIMING_* */
-    int32_t start, end;   /* event slots (TIMED), else NO_EVENT */
-    int32_t error;        /* 0: none; else 1 + index into the core's error names */
-    int64_t t0, t1;       /* host clock (ns) */
+    int32_t phase;          /* PHASE_* */
+    int32_t timing;         /* TIMING_* */
+    int64_t t0, t1;         /* host clock (ns) */
+    int32_t start, end;     /* event slots (TIMED), else NO_EVENT */
     int64_t batch, tokens, context_tokens;
     int64_t lens_sum, lens_sq, lens_count;
+    int32_t error;          /* 0: none; else 1 + index into the core's error names */
 } StepRecord;
 
 typedef struct {
@@ -121,5 +131,10 @@ int init_stepcore(PyObject *module);
 
 /* hotpath.c */
 int init_hotpath(PyObject *module);
+
+/* records.c */
+extern PyTypeObject PhaseTotalsType, StepSampleType, WindowFeedEntryType, ValueFeedEntryType, StepTotalsType,
+    RecentStepsType;
+int init_records(PyObject *module);
 
 #endif

@@ -6,14 +6,19 @@
  * a run of steps; a query every poll interval, sleeping between, or cuEventSynchronize where the events are
  * blocking-sync ones), read the device time,
  * let go of the events, price the step (the coefficients of perfsdk.stepcost.StepCosts, the same
- * floating-point operations in the same order), and count it into per-phase histogram buckets and sums,
- * counters, the last WINDOW steps for stats(), sampled steps for spans and, while a profiler window
- * listens, every decode step.
+ * floating-point operations in the same order as its named formulas), and count it into per-phase histogram
+ * buckets and sums, counters, the last steps for stats() (RecentSteps), sampled steps for spans and, while a
+ * profiler window or an OpenTelemetry metrics sink listens, the window feed and the value feed. The
+ * capacities of those buffers are given when the core is built (perfsdk.records defines them once).
  *
  * Python reads all of that only when it asks (take(), recent(), sync()), with the GIL, taking the core's
- * mutex for a copy. The core's thread never calls Python: driver functions are called through their
- * addresses (a scripted GPU in the tests gives ctypes callbacks, which take the GIL themselves, and are
- * never called with the mutex held).
+ * mutex for a copy, as the struct sequences of records.c. The core's thread never calls Python: driver
+ * functions are called through their addresses (a scripted GPU in the tests gives ctypes callbacks, which
+ * take the GIL themselves, and are never called with the mutex held).
+ *
+ * It runs over 500 lines on purpose: the core's thread (ring, pending steps, waits, counting) and the Python
+ * type that starts, reads and resets it share the StepCore struct and its locking rules; kept in one
+ * translation unit, every access to the struct and the mutex is in one file, and the counting path inlines.
  */
 #include "native.h"
 
@@ -22,14 +27,7 @@
 #include <string.h>
 #include <time.h>
 
-#define WINDOW 4096
-#define WINDOW_FEED 8192
-#define VALUES 16384 /* timed steps' values kept between two takes for an OpenTelemetry metrics sink */
-#define SAMPLES 4096
 #define MAX_SITES 64
-#define IDLE_MAX 0.1
-#define NSTEP_MAX 64
-#define NUTIL_MAX 32
 
 typedef struct {
     int64_t steps, errors;
@@ -61,8 +59,8 @@ typedef struct {
 
 typedef struct {
     int64_t steps, errors;
-    double seconds[WINDOW], mbu[WINDOW], mfu[WINDOW];
-    int64_t n_seconds, n_mbu, n_mfu;  /* values ever added (the arrays are circular) */
+    double *seconds, *mbu, *mfu;      /* [recent_cap] each, circular */
+    int64_t n_seconds, n_mbu, n_mfu;  /* values ever added */
 } Recent;
 
 typedef struct {
@@ -79,7 +77,9 @@ struct StepCore {
     double step_bounds[NSTEP_MAX], util_bounds[NUTIL_MAX];
     int nstep, nutil;
     double span_rate;
-    double poll;
+    double poll, idle_max;
+    /* capacities (perfsdk.records: RECENT, SAMPLES, WINDOW_FEED, VALUE_FEED), given at construction */
+    int64_t recent_cap, samples_cap, feed_cap, values_cap;
     /* events */
     cu_event_t query, synchronize;
     cu_elapsed_t elapsed;
@@ -106,14 +106,14 @@ struct StepCore {
     pthread_cond_t done_cond;
     PhaseTotals totals[NPHASES];
     Recent recent[NPHASES];
-    Sample samples[SAMPLES];
-    int nsamples;
+    Sample *samples;      /* [samples_cap] */
+    int64_t nsamples;
     int64_t sampled;
-    Feed feed[WINDOW_FEED];
-    int64_t nfeed;        /* decode steps fed since the last take (circular beyond WINDOW_FEED) */
-    Value values[VALUES]; /* timed steps since the last take, while feed_values */
-    int nvalues;
-    int64_t values_dropped; /* ... beyond VALUES */
+    Feed *feed;           /* [feed_cap]: the window feed */
+    int64_t nfeed;        /* decode steps fed since the last take (circular beyond feed_cap) */
+    Value *values;        /* [values_cap]: the value feed, timed steps since the last take, while feed_values */
+    int64_t nvalues;
+    int64_t values_dropped; /* ... beyond values_cap */
     int64_t errors;       /* CUDA errors reading events, and negative durations refused */
     int64_t dropped_samples; /* sampled steps beyond SAMPLES between two takes: spans never built */
     Site sites[MAX_SITES];
@@ -262,7 +262,7 @@ static int sample_now(StepCore *c) {
 }
 
 static void add_sample(StepCore *c, const StepRecord *r, double seconds, int64_t tokens, double mbu, double mfu) {
-    if (c->nsamples >= SAMPLES) {
+    if (c->nsamples >= c->samples_cap) {
         c->dropped_samples++;
         return;
     }
@@ -278,9 +278,11 @@ static void add_sample(StepCore *c, const StepRecord *r, double seconds, int64_t
     s->mfu = mfu;
 }
 
-static void recent_add(double *arr, int64_t *n, double v) { arr[(*n)++ % WINDOW] = v; }
+static void recent_add(double *arr, int64_t *n, double v, int64_t cap) { arr[(*n)++ % cap] = v; }
 
-/* (bytes, FLOPs, tokens): perfsdk.stepcost.StepCosts.cost, operation for operation. */
+/* (bytes, FLOPs, tokens): perfsdk.stepcost.StepCosts.cost and the named formulas it calls (decode_bytes,
+   decode_flops, prefill_bytes, prefill_flops, attention_flops, mixed_bytes, mixed_flops), operation for
+   operation. */
 static void cost(const StepCore *c, const StepRecord *r, double *nbytes, double *flops, int64_t *ntokens) {
     *nbytes = *flops = NAN;
     if (r->context_tokens < 0) { /* UNSIZED: a step with no sizes (a bare @mon.decode) */
@@ -354,28 +356,28 @@ static void count_step(StepCore *c, const StepRecord *r, double seconds) {
         t->step_sum += seconds;
         t->bytes += !isnan(nbytes) ? nbytes : 0.0;
         t->flops += !isnan(flops) ? flops : 0.0;
-        recent_add(rc->seconds, &rc->n_seconds, seconds);
+        recent_add(rc->seconds, &rc->n_seconds, seconds, c->recent_cap);
     }
     if (!isnan(mbu)) {
         t->mbu_counts[bucket(c->util_bounds, c->nutil, mbu)]++;
         t->mbu_sum += mbu;
-        recent_add(rc->mbu, &rc->n_mbu, mbu);
+        recent_add(rc->mbu, &rc->n_mbu, mbu, c->recent_cap);
     }
     if (!isnan(mfu)) {
         t->mfu_counts[bucket(c->util_bounds, c->nutil, mfu)]++;
         t->mfu_sum += mfu;
-        recent_add(rc->mfu, &rc->n_mfu, mfu);
+        recent_add(rc->mfu, &rc->n_mfu, mfu, c->recent_cap);
     }
     t->tokens += ntokens;
     if (sampled) add_sample(c, r, seconds, ntokens, mbu, mfu);
     if (atomic_load(&c->feed_window) && r->phase == PHASE_DECODE && !isnan(seconds)) {
-        Feed *f = &c->feed[c->nfeed++ % WINDOW_FEED];
+        Feed *f = &c->feed[c->nfeed++ % c->feed_cap];
         f->seconds = seconds;
         f->batch = r->batch;
         f->mbu = mbu;
     }
     if (atomic_load(&c->feed_values) && !isnan(seconds)) {
-        if (c->nvalues < VALUES) {
+        if (c->nvalues < c->values_cap) {
             Value *v = &c->values[c->nvalues++];
             v->phase = r->phase;
             v->seconds = seconds;
@@ -546,7 +548,7 @@ static void *core_main(void *arg) {
             sleep_idle(c, idle);
             /* nothing arrived while asleep: sleep longer next time (up to IDLE_MAX); every wake-up costs CPU.
                sync() and stop() wake the thread at once. */
-            idle = ring_empty(&c->ring) ? fmin(idle * 2, fmax(c->poll, IDLE_MAX)) : c->poll;
+            idle = ring_empty(&c->ring) ? fmin(idle * 2, fmax(c->poll, c->idle_max)) : c->poll;
         }
     }
     pthread_mutex_lock(&c->lock);
@@ -581,16 +583,24 @@ static int read_bounds(PyObject *seq, double *out, int max, int *n) {
 
 static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"costs", "capacity", "span_rate", "poll_interval", "events", "event_capacity",
-                             "event_prefill", "new_event", "destroy_event", "step_bounds", "util_bounds", NULL};
+                             "event_prefill", "new_event", "destroy_event", "step_bounds", "util_bounds", "recent",
+                             "samples", "window_feed", "value_feed", "idle_max", NULL};
     PyObject *costs, *events, *new_event, *destroy_event, *step_bounds, *util_bounds;
-    Py_ssize_t capacity, event_capacity, event_prefill;
-    double span_rate, poll;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OnddOnnOOOO:StepCore", kwlist, &costs, &capacity, &span_rate, &poll,
-                                     &events, &event_capacity, &event_prefill, &new_event, &destroy_event,
-                                     &step_bounds, &util_bounds))
+    Py_ssize_t capacity, event_capacity, event_prefill, recent_cap, samples_cap, feed_cap, values_cap;
+    double span_rate, poll, idle_max;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OnddOnnOOOO$nnnnd:StepCore", kwlist, &costs, &capacity, &span_rate,
+                                     &poll, &events, &event_capacity, &event_prefill, &new_event, &destroy_event,
+                                     &step_bounds, &util_bounds, &recent_cap, &samples_cap, &feed_cap, &values_cap,
+                                     &idle_max))
         return NULL;
     if (capacity < 1 || event_capacity < 0 || event_capacity > (1 << 24) || !(poll > 0)) {
         PyErr_SetString(PyExc_ValueError, "StepCore: capacity >= 1, 0 <= event_capacity <= 2**24, poll > 0");
+        return NULL;
+    }
+    if (recent_cap < 1 || samples_cap < 0 || feed_cap < 1 || values_cap < 0 || recent_cap > (1 << 24) ||
+        samples_cap > (1 << 24) || feed_cap > (1 << 24) || values_cap > (1 << 24) || !(idle_max > 0)) {
+        PyErr_SetString(PyExc_ValueError, "StepCore: 1 <= recent, window_feed <= 2**24; 0 <= samples, value_feed "
+                                          "<= 2**24; idle_max > 0");
         return NULL;
     }
     if (event_capacity && (events == Py_None || new_event == Py_None || destroy_event == Py_None)) {
@@ -621,6 +631,28 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         goto fail;
     c->span_rate = span_rate;
     c->poll = poll;
+    c->idle_max = idle_max;
+    c->recent_cap = recent_cap;
+    c->samples_cap = samples_cap;
+    c->feed_cap = feed_cap;
+    c->values_cap = values_cap;
+    for (int p = 0; p < NPHASES; p++) {
+        Recent *r = &c->recent[p];
+        r->seconds = PyMem_RawCalloc((size_t)recent_cap, sizeof(double));
+        r->mbu = PyMem_RawCalloc((size_t)recent_cap, sizeof(double));
+        r->mfu = PyMem_RawCalloc((size_t)recent_cap, sizeof(double));
+        if (!r->seconds || !r->mbu || !r->mfu) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+    }
+    c->samples = PyMem_RawCalloc((size_t)(samples_cap ? samples_cap : 1), sizeof(Sample));
+    c->feed = PyMem_RawCalloc((size_t)feed_cap, sizeof(Feed));
+    c->values = PyMem_RawCalloc((size_t)(values_cap ? values_cap : 1), sizeof(Value));
+    if (!c->samples || !c->feed || !c->values) {
+        PyErr_NoMemory();
+        goto fail;
+    }
     if (events != Py_None) {
         c->query = (cu_event_t)attr_address(events, "query", &ok);
         c->synchronize = (cu_event_t)attr_address(events, "synchronize", &ok);
@@ -685,6 +717,14 @@ static void core_dealloc(StepCore *c) {
         PyMem_RawFree(c->pool.handle);
         PyMem_RawFree(c->pool.refs);
         PyMem_RawFree(c->pool.free);
+        for (int p = 0; p < NPHASES; p++) {
+            PyMem_RawFree(c->recent[p].seconds);
+            PyMem_RawFree(c->recent[p].mbu);
+            PyMem_RawFree(c->recent[p].mfu);
+        }
+        PyMem_RawFree(c->samples);
+        PyMem_RawFree(c->feed);
+        PyMem_RawFree(c->values);
         Py_TYPE(c)->tp_free((PyObject *)c);
     }  /* else the struct itself stays: the stuck thread still reads it */
 }
@@ -812,12 +852,54 @@ static PyObject *error_name(StepCore *c, int32_t error) {
     return n ? Py_NewRef(n) : NULL;
 }
 
-/* take() -> (phases, samples, window): the raw totals since the last take; perfsdk.stepcore wraps them. */
+/* A struct sequence of *type* from *n* new references (NULL ones: an exception is set). Steals them all. */
+static PyObject *record_of(PyTypeObject *type, PyObject **items, int n) {
+    PyObject *r = NULL;
+    int ok = 1;
+    for (int i = 0; i < n; i++) ok = ok && items[i];
+    if (ok && (r = PyStructSequence_New(type))) {
+        for (int i = 0; i < n; i++) PyStructSequence_SET_ITEM(r, i, items[i]);
+        return r;
+    }
+    for (int i = 0; i < n; i++) Py_XDECREF(items[i]);
+    return NULL;
+}
+
+/* The fields in perfsdk.records' order; records.c names them (tests/test_stepcore.py compares the names). */
+static PyObject *phase_totals(const StepCore *c, const PhaseTotals *x) {
+    PyObject *f[] = {PyLong_FromLongLong(x->steps), PyLong_FromLongLong(x->errors),
+                     counts_tuple(x->step_counts, c->nstep + 1), PyFloat_FromDouble(x->step_sum),
+                     counts_tuple(x->mbu_counts, c->nutil + 1), PyFloat_FromDouble(x->mbu_sum),
+                     counts_tuple(x->mfu_counts, c->nutil + 1), PyFloat_FromDouble(x->mfu_sum),
+                     PyFloat_FromDouble(x->bytes), PyFloat_FromDouble(x->flops), PyLong_FromLongLong(x->tokens)};
+    return record_of(&PhaseTotalsType, f, 11);
+}
+
+static PyObject *step_sample(StepCore *c, const Sample *x) {
+    PyObject *f[] = {PyLong_FromLong(x->phase), PyLong_FromLongLong(x->t0), PyLong_FromLongLong(x->t1),
+                     opt_float(x->seconds), PyLong_FromLongLong(x->batch), PyLong_FromLongLong(x->tokens),
+                     opt_float(x->mbu), opt_float(x->mfu), error_name(c, x->error)};
+    return record_of(&StepSampleType, f, 9);
+}
+
+static PyObject *window_feed_entry(const Feed *x) {
+    PyObject *f[] = {PyFloat_FromDouble(x->seconds), PyLong_FromLongLong(x->batch), opt_float(x->mbu)};
+    return record_of(&WindowFeedEntryType, f, 3);
+}
+
+static PyObject *value_feed_entry(const Value *x) {
+    PyObject *f[] = {PyLong_FromLong(x->phase), PyFloat_FromDouble(x->seconds), opt_float(x->mbu),
+                     opt_float(x->mfu)};
+    return record_of(&ValueFeedEntryType, f, 4);
+}
+
+/* take() -> perfsdk._native.StepTotals: everything counted since the last take (and reset); perfsdk.stepcore
+   hands it on as a perfsdk.records.StepTotals. */
 static PyObject *core_take(StepCore *c, PyObject *Py_UNUSED(ignored)) {
     PhaseTotals *t = PyMem_RawMalloc(sizeof(PhaseTotals) * NPHASES);
-    Sample *s = PyMem_RawMalloc(sizeof(Sample) * SAMPLES);
-    Feed *f = PyMem_RawMalloc(sizeof(Feed) * WINDOW_FEED);
-    Value *v = PyMem_RawMalloc(sizeof(Value) * VALUES);
+    Sample *s = PyMem_RawMalloc(sizeof(Sample) * (size_t)(c->samples_cap ? c->samples_cap : 1));
+    Feed *f = PyMem_RawMalloc(sizeof(Feed) * (size_t)c->feed_cap);
+    Value *v = PyMem_RawMalloc(sizeof(Value) * (size_t)(c->values_cap ? c->values_cap : 1));
     if (!t || !s || !f || !v) {
         PyMem_RawFree(t);
         PyMem_RawFree(s);
@@ -825,8 +907,7 @@ static PyObject *core_take(StepCore *c, PyObject *Py_UNUSED(ignored)) {
         PyMem_RawFree(v);
         return PyErr_NoMemory();
     }
-    int nsamples, nv;
-    int64_t nfeed, vdropped;
+    int64_t nsamples, nv, nfeed, vdropped;
     pthread_mutex_lock(&c->lock);
     memcpy(t, c->totals, sizeof(PhaseTotals) * NPHASES);
     memset(c->totals, 0, sizeof(PhaseTotals) * NPHASES);
@@ -834,8 +915,8 @@ static PyObject *core_take(StepCore *c, PyObject *Py_UNUSED(ignored)) {
     memcpy(s, c->samples, sizeof(Sample) * (size_t)nsamples);
     c->nsamples = 0;
     nfeed = c->nfeed;
-    int64_t first = nfeed > WINDOW_FEED ? nfeed - WINDOW_FEED : 0;
-    for (int64_t i = first; i < nfeed; i++) f[i - first] = c->feed[i % WINDOW_FEED];
+    int64_t first = nfeed > c->feed_cap ? nfeed - c->feed_cap : 0;  /* the latest feed_cap */
+    for (int64_t i = first; i < nfeed; i++) f[i - first] = c->feed[i % c->feed_cap];
     c->nfeed = 0;
     nv = c->nvalues;
     memcpy(v, c->values, sizeof(Value) * (size_t)nv);
@@ -843,60 +924,39 @@ static PyObject *core_take(StepCore *c, PyObject *Py_UNUSED(ignored)) {
     vdropped = c->values_dropped;
     c->values_dropped = 0;
     pthread_mutex_unlock(&c->lock);
-    int nf = (int)(nfeed - first);
-    PyObject *phases = PyTuple_New(NPHASES), *samples = PyList_New(nsamples), *window = PyList_New(nf);
-    PyObject *values = PyList_New(nv);
+    int64_t nf = nfeed - first;
+    PyObject *phases = PyTuple_New(NPHASES), *samples = PyTuple_New((Py_ssize_t)nsamples);
+    PyObject *window_feed = PyTuple_New((Py_ssize_t)nf), *value_feed = PyTuple_New((Py_ssize_t)nv);
     PyObject *out = NULL;
-    if (!phases || !samples || !window || !values) goto done;
+    if (!phases || !samples || !window_feed || !value_feed) goto done;
     for (int p = 0; p < NPHASES; p++) {
-        PhaseTotals *x = &t[p];
-        PyObject *sc = counts_tuple(x->step_counts, c->nstep + 1), *mc = counts_tuple(x->mbu_counts, c->nutil + 1),
-                 *fc = counts_tuple(x->mfu_counts, c->nutil + 1);
-        PyObject *item = (sc && mc && fc) ? Py_BuildValue("(LLOdOdOdddL)", x->steps, x->errors, sc, x->step_sum, mc,
-                                                          x->mbu_sum, fc, x->mfu_sum, x->bytes, x->flops, x->tokens)
-                                          : NULL;
-        Py_XDECREF(sc);
-        Py_XDECREF(mc);
-        Py_XDECREF(fc);
+        PyObject *item = phase_totals(c, &t[p]);
         if (!item) goto done;
         PyTuple_SET_ITEM(phases, p, item);
     }
-    for (int i = 0; i < nsamples; i++) {
-        Sample *x = &s[i];
-        PyObject *secs = opt_float(x->seconds), *mbu = opt_float(x->mbu), *mfu = opt_float(x->mfu);
-        PyObject *err = error_name(c, x->error);
-        PyObject *item = (secs && mbu && mfu && err)
-                             ? Py_BuildValue("(iLLOLLOOO)", x->phase, x->t0, x->t1, secs, x->batch, x->tokens, mbu, mfu,
-                                             err)
-                             : NULL;
-        Py_XDECREF(secs);
-        Py_XDECREF(mbu);
-        Py_XDECREF(mfu);
-        Py_XDECREF(err);
+    for (int64_t i = 0; i < nsamples; i++) {
+        PyObject *item = step_sample(c, &s[i]);
         if (!item) goto done;
-        PyList_SET_ITEM(samples, i, item);
+        PyTuple_SET_ITEM(samples, (Py_ssize_t)i, item);
     }
-    for (int i = 0; i < nf; i++) {
-        PyObject *mbu = opt_float(f[i].mbu);
-        PyObject *item = mbu ? Py_BuildValue("(dLO)", f[i].seconds, f[i].batch, mbu) : NULL;
-        Py_XDECREF(mbu);
+    for (int64_t i = 0; i < nf; i++) {
+        PyObject *item = window_feed_entry(&f[i]);
         if (!item) goto done;
-        PyList_SET_ITEM(window, i, item);
+        PyTuple_SET_ITEM(window_feed, (Py_ssize_t)i, item);
     }
-    for (int i = 0; i < nv; i++) {
-        PyObject *mbu = opt_float(v[i].mbu), *mfu = opt_float(v[i].mfu);
-        PyObject *item = (mbu && mfu) ? Py_BuildValue("(idOO)", v[i].phase, v[i].seconds, mbu, mfu) : NULL;
-        Py_XDECREF(mbu);
-        Py_XDECREF(mfu);
+    for (int64_t i = 0; i < nv; i++) {
+        PyObject *item = value_feed_entry(&v[i]);
         if (!item) goto done;
-        PyList_SET_ITEM(values, i, item);
+        PyTuple_SET_ITEM(value_feed, (Py_ssize_t)i, item);
     }
-    out = Py_BuildValue("(OOOOL)", phases, samples, window, values, (long long)vdropped);
+    PyObject *fields[] = {phases, samples, window_feed, value_feed, PyLong_FromLongLong(vdropped)};
+    phases = samples = window_feed = value_feed = NULL;  /* stolen */
+    out = record_of(&StepTotalsType, fields, 5);
 done:
     Py_XDECREF(phases);
     Py_XDECREF(samples);
-    Py_XDECREF(window);
-    Py_XDECREF(values);
+    Py_XDECREF(window_feed);
+    Py_XDECREF(value_feed);
     PyMem_RawFree(t);
     PyMem_RawFree(s);
     PyMem_RawFree(f);
@@ -904,21 +964,23 @@ done:
     return out;
 }
 
-static PyObject *last_values(const double *arr, int64_t n) {
-    int64_t first = n > WINDOW ? n - WINDOW : 0;
-    PyObject *l = PyList_New((Py_ssize_t)(n - first));
+/* The last values of a circular buffer of *cap* holding *n* ever added (at most cap), as a tuple of floats. */
+static PyObject *last_values(const double *arr, int64_t n, int64_t cap) {
+    int64_t first = n > cap ? n - cap : 0;
+    PyObject *l = PyTuple_New((Py_ssize_t)(n - first));
     if (!l) return NULL;
     for (int64_t i = first; i < n; i++) {
-        PyObject *v = PyFloat_FromDouble(arr[i % WINDOW]);
+        PyObject *v = PyFloat_FromDouble(arr[i % cap]);
         if (!v) {
             Py_DECREF(l);
             return NULL;
         }
-        PyList_SET_ITEM(l, (Py_ssize_t)(i - first), v);
+        PyTuple_SET_ITEM(l, (Py_ssize_t)(i - first), v);
     }
     return l;
 }
 
+/* recent(phase) -> perfsdk._native.RecentSteps: the phase's last steps (perfsdk.records.RecentSteps' fields). */
 static PyObject *core_recent(StepCore *c, PyObject *arg) {
     long p = PyLong_AsLong(arg);
     if (p == -1 && PyErr_Occurred()) return NULL;
@@ -926,19 +988,22 @@ static PyObject *core_recent(StepCore *c, PyObject *arg) {
         PyErr_SetString(PyExc_ValueError, "phase code 0..2");
         return NULL;
     }
-    Recent *r = PyMem_RawMalloc(sizeof(Recent));
-    if (!r) return PyErr_NoMemory();
+    size_t bytes = sizeof(double) * (size_t)c->recent_cap;
+    double *buf = PyMem_RawMalloc(3 * bytes);
+    if (!buf) return PyErr_NoMemory();
+    Recent r;
     pthread_mutex_lock(&c->lock);
-    memcpy(r, &c->recent[p], sizeof(Recent));
+    r = c->recent[p];
+    memcpy(buf, r.seconds, bytes);
+    memcpy(buf + c->recent_cap, r.mbu, bytes);
+    memcpy(buf + 2 * c->recent_cap, r.mfu, bytes);
     pthread_mutex_unlock(&c->lock);
-    PyObject *a = last_values(r->seconds, r->n_seconds), *b = last_values(r->mbu, r->n_mbu),
-             *d = last_values(r->mfu, r->n_mfu);
-    PyObject *out = (a && b && d) ? Py_BuildValue("(LLOOO)", r->steps, r->errors, a, b, d) : NULL;
-    Py_XDECREF(a);
-    Py_XDECREF(b);
-    Py_XDECREF(d);
-    PyMem_RawFree(r);
-    return out;
+    PyObject *f[] = {PyLong_FromLongLong(r.steps), PyLong_FromLongLong(r.errors),
+                     last_values(buf, r.n_seconds, c->recent_cap),
+                     last_values(buf + c->recent_cap, r.n_mbu, c->recent_cap),
+                     last_values(buf + 2 * c->recent_cap, r.n_mfu, c->recent_cap)};
+    PyMem_RawFree(buf);
+    return record_of(&RecentStepsType, f, 5);
 }
 
 static PyObject *core_take_errors(StepCore *c, PyObject *Py_UNUSED(ignored)) {
@@ -962,46 +1027,70 @@ static PyObject *core_take_errors(StepCore *c, PyObject *Py_UNUSED(ignored)) {
     return l;
 }
 
-static int64_t as_int64(PyObject *o, int *ok) {
-    long long v = PyLong_AsLongLong(o);
-    if (v == -1 && PyErr_Occurred()) *ok = 0;
-    return v;
+/* A StepRecord's fields by name (perfsdk.records.StepRecord), interned at init_stepcore. */
+static PyObject *str_phase, *str_timing, *str_t0, *str_t1, *str_start, *str_end, *str_batch, *str_tokens,
+    *str_context_tokens, *str_lens_sum, *str_lens_sq, *str_lens_count, *str_error;
+
+static int64_t field_int64(PyObject *rec, PyObject *name, int *ok) {
+    if (!*ok) return 0;
+    PyObject *v = PyObject_GetAttr(rec, name);
+    if (!v) {
+        *ok = 0;
+        return 0;
+    }
+    long long r = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (r == -1 && PyErr_Occurred()) *ok = 0;
+    return r;
 }
 
-/* push(record) -> bool: a perfsdk.records.StepRecord with no events (record_step, tests). GIL held. */
+/* push(record) -> bool: a perfsdk.records.StepRecord with no events (record_step, tests), read field by field
+   by name. GIL held. */
 static PyObject *core_push_py(StepCore *c, PyObject *rec) {
-    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 13) {
-        PyErr_SetString(PyExc_TypeError, "push: expected a perfsdk.records.StepRecord");
+    PyObject *start = PyObject_GetAttr(rec, str_start), *end = start ? PyObject_GetAttr(rec, str_end) : NULL;
+    int none = start == Py_None && end == Py_None;
+    Py_XDECREF(start);
+    Py_XDECREF(end);
+    if (!start || !end) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "push: expected a perfsdk.records.StepRecord");
+        }
         return NULL;
     }
-    if (PyTuple_GET_ITEM(rec, 4) != Py_None || PyTuple_GET_ITEM(rec, 5) != Py_None) {
+    if (!none) {
         PyErr_SetString(PyExc_ValueError, "push: records from Python carry no events");
         return NULL;
     }
     StepRecord r;
     memset(&r, 0, sizeof(r));
     int ok = 1;
-    r.phase = (int32_t)as_int64(PyTuple_GET_ITEM(rec, 0), &ok);
-    r.timing = (int32_t)as_int64(PyTuple_GET_ITEM(rec, 1), &ok);
-    r.t0 = as_int64(PyTuple_GET_ITEM(rec, 2), &ok);
-    r.t1 = as_int64(PyTuple_GET_ITEM(rec, 3), &ok);
+    r.phase = (int32_t)field_int64(rec, str_phase, &ok);
+    r.timing = (int32_t)field_int64(rec, str_timing, &ok);
+    r.t0 = field_int64(rec, str_t0, &ok);
+    r.t1 = field_int64(rec, str_t1, &ok);
     r.start = r.end = NO_EVENT;
-    r.batch = as_int64(PyTuple_GET_ITEM(rec, 6), &ok);
-    r.tokens = as_int64(PyTuple_GET_ITEM(rec, 7), &ok);
-    r.context_tokens = as_int64(PyTuple_GET_ITEM(rec, 8), &ok);
-    r.lens_sum = as_int64(PyTuple_GET_ITEM(rec, 9), &ok);
-    r.lens_sq = as_int64(PyTuple_GET_ITEM(rec, 10), &ok);
-    r.lens_count = as_int64(PyTuple_GET_ITEM(rec, 11), &ok);
+    r.batch = field_int64(rec, str_batch, &ok);
+    r.tokens = field_int64(rec, str_tokens, &ok);
+    r.context_tokens = field_int64(rec, str_context_tokens, &ok);
+    r.lens_sum = field_int64(rec, str_lens_sum, &ok);
+    r.lens_sq = field_int64(rec, str_lens_sq, &ok);
+    r.lens_count = field_int64(rec, str_lens_count, &ok);
     if (!ok) return NULL;
     if (r.phase < 0 || r.phase >= NPHASES || r.timing == TIMING_TIMED || r.timing < 0 || r.timing > 2) {
         PyErr_SetString(PyExc_ValueError, "push: bad phase or timing");
         return NULL;
     }
-    PyObject *err = PyTuple_GET_ITEM(rec, 12);
+    PyObject *err = PyObject_GetAttr(rec, str_error);
+    if (!err) return NULL;
     if (err != Py_None) {
-        int e = core_error_name(c, err);
+        int e = PyUnicode_Check(err) ? core_error_name(c, err) : -1;
+        if (e < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "push: a record's error is a str or None");
+        Py_DECREF(err);
         if (e < 0) return NULL;
         r.error = e;
+    } else {
+        Py_DECREF(err);
     }
     return PyBool_FromLong(core_push(c, &r));
 }
@@ -1076,7 +1165,10 @@ static PyObject *core_after_fork(StepCore *c, PyObject *arg) {
     c->dropped = 0;
     atomic_store(&c->done, 0);
     memset(c->totals, 0, sizeof(c->totals));
-    memset(c->recent, 0, sizeof(c->recent));
+    for (int p = 0; p < NPHASES; p++) {  /* the counts, not the buffers */
+        Recent *r = &c->recent[p];
+        r->steps = r->errors = r->n_seconds = r->n_mbu = r->n_mfu = 0;
+    }
     c->nsamples = 0;
     c->sampled = 0;
     c->nfeed = 0;
@@ -1154,8 +1246,8 @@ static PyMethodDef core_methods[] = {
     {"sync", (PyCFunction)core_sync, METH_VARARGS,
      "sync(timeout=None) -> bool: wait (GIL released) until every step pushed before the call is counted."},
     {"pause", (PyCFunction)core_pause, METH_O, "pause(flag): stop reading records, or carry on (tests)."},
-    {"take", (PyCFunction)core_take, METH_NOARGS, "take() -> (phases, samples, window, values, values_dropped): totals since the last take."},
-    {"recent", (PyCFunction)core_recent, METH_O, "recent(phase) -> (steps, errors, seconds, mbu, mfu)."},
+    {"take", (PyCFunction)core_take, METH_NOARGS, "take() -> StepTotals: everything counted since the last take."},
+    {"recent", (PyCFunction)core_recent, METH_O, "recent(phase) -> RecentSteps: the phase's last steps."},
     {"take_errors", (PyCFunction)core_take_errors, METH_NOARGS, "take_errors() -> [(site, message)]."},
     {"push", (PyCFunction)core_push_py, METH_O, "push(StepRecord) -> bool: queue a step with no events."},
     {"close_events", (PyCFunction)core_close_events, METH_NOARGS, "Destroy the free events (after stop)."},
@@ -1195,7 +1287,22 @@ PyTypeObject StepCoreType = {
     .tp_getset = core_getset,
 };
 
+#define INTERN(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
+
 int init_stepcore(PyObject *module) {
+    INTERN(str_phase, "phase");
+    INTERN(str_timing, "timing");
+    INTERN(str_t0, "t0");
+    INTERN(str_t1, "t1");
+    INTERN(str_start, "start");
+    INTERN(str_end, "end");
+    INTERN(str_batch, "batch");
+    INTERN(str_tokens, "tokens");
+    INTERN(str_context_tokens, "context_tokens");
+    INTERN(str_lens_sum, "lens_sum");
+    INTERN(str_lens_sq, "lens_sq");
+    INTERN(str_lens_count, "lens_count");
+    INTERN(str_error, "error");
     if (PyType_Ready(&StepCoreType) < 0) return -1;
     return PyModule_AddObjectRef(module, "StepCore", (PyObject *)&StepCoreType);
 }

@@ -115,7 +115,7 @@ class Sink(Protocol):
 
     @property
     def wants_step_values(self) -> bool:
-        """True: the step core should put every timed step's values in ``batch.steps.values`` (costs a
+        """True: the step core should put every timed step's values in ``batch.steps.value_feed`` (costs a
         little per step, so only while a sink uses them; read once per export)."""
         ...
 

@@ -33,7 +33,7 @@ step instruments add ``perfsdk.phase``; ``perfsdk.rank`` where the Monitor has a
 =======================================  ====  ===========================================================
 
 Steps reach this sink one value each (the step core hands the collector every timed step's time and
-utilisation while this sink listens, up to :data:`perfsdk.stepcore.VALUES` per export interval; beyond
+utilisation while this sink listens, up to :data:`perfsdk.records.VALUE_FEED` per export interval; beyond
 that they are counted in ``stats()["dropped_step_values"]``). Like spans: the global meter provider unless
 one is passed, and with no SDK configured (the API's proxy or no-op provider) nothing is built or recorded.
 """
@@ -116,7 +116,7 @@ class OtelMetricsSink:
         ins = self._ready()
         if ins is None:
             return
-        if batch.steps is not None and batch.steps.values:
+        if batch.steps is not None and batch.steps.value_feed:
             self._steps(ins, batch.steps)
         if batch.ttft_s or batch.itl_s:
             yield_gil()
@@ -129,7 +129,7 @@ class OtelMetricsSink:
     def _steps(self, ins: dict[str, Any], totals: StepTotals) -> None:
         step, mbu_h, mfu_h = ins["step"], ins["mbu"], ins["mfu"]
         attrs = self._phase_attrs
-        for phase, seconds, mbu, mfu in totals.values:
+        for phase, seconds, mbu, mfu in totals.value_feed:
             a = attrs[phase]
             step.record(seconds, a)
             if mbu is not None:
