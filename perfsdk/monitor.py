@@ -76,16 +76,14 @@ from perfsdk._guard import ErrorGuard
 from perfsdk.assembly import load_native
 from perfsdk.config import MonitorConfig, metrics_endpoint
 from perfsdk.errors import ConfigError, MonitorClosedError
-from perfsdk.hotpath import NoStep, Step, host_step
+from perfsdk.hotpath import NoStep, Step
+from perfsdk.measured import check_end_ns, measured_request, measured_step
 from perfsdk.model import ModelSpec
 from perfsdk.records import (
     NULL_REQUEST,
-    PHASES,
     MeasuredLatencies,
-    MeasuredRequest,
     Request,
     check_count,
-    finite_seconds,
     negative_seconds,
     seconds_list,
 )
@@ -320,15 +318,9 @@ class Monitor:
             self._life.refused("record_step")
             return
         try:
-            if phase not in PHASES:
-                raise ConfigError(f"record_step: phase must be one of {PHASES}, got {phase!r}")
-            secs = finite_seconds(seconds)
-            if secs is None:
-                raise ConfigError(f"record_step: seconds must be a finite number >= 0, got {seconds!r}")
-            if end_ns is not None and type(end_ns) is not int:
-                raise ConfigError(f"record_step: end_ns must be an int timestamp, got {end_ns!r}")
-            rec = host_step(phase, secs, self._clock() if end_ns is None else end_ns, batch, tokens,
-                            context_tokens, seq_lens)
+            check_end_ns("record_step", end_ns)
+            rec = measured_step(phase, seconds, self._clock() if end_ns is None else end_ns, batch=batch,
+                                tokens=tokens, context_tokens=context_tokens, seq_lens=seq_lens)
         except ConfigError as e:
             self._requests.refuse("record_step", str(e))
             return
@@ -368,22 +360,16 @@ class Monitor:
             self._life.refused("record_finished")
             return
         try:
-            e2e = finite_seconds(e2e_s)
-            if e2e is None:
-                raise ConfigError(f"record_finished: e2e_s must be a finite number >= 0, got {e2e_s!r}")
-            prompt = check_count("prompt_tokens", prompt_tokens)
-            output = check_count("output_tokens", output_tokens)
-            if end_ns is not None and type(end_ns) is not int:
-                raise ConfigError(f"record_finished: end_ns must be an int timestamp, got {end_ns!r}")
+            check_end_ns("record_finished", end_ns)
+            rec = measured_request(self._clock() if end_ns is None else end_ns, e2e_s=e2e_s, queue_s=queue_s,
+                                   prefill_s=prefill_s, ttft_s=ttft_s, tpot_s=tpot_s, prompt_tokens=prompt_tokens,
+                                   output_tokens=output_tokens, finish_reason=finish_reason, error=error,
+                                   request_id=request_id)
         except ConfigError as e:
             self._requests.refuse("record_finished", str(e))
             return
         self._requests.went_back("record_finished", sum(map(negative_seconds, (queue_s, prefill_s, ttft_s, tpot_s))))
-        end = self._clock() if end_ns is None else end_ns
-        self._requests.push(MeasuredRequest(end, e2e, finite_seconds(queue_s), finite_seconds(prefill_s),
-                                            finite_seconds(ttft_s), finite_seconds(tpot_s), prompt, output,
-                                            str(finish_reason), None if error is None else str(error),
-                                            None if request_id is None else str(request_id)))
+        self._requests.push(rec)
 
     # ---- control -------------------------------------------------------
     def flush(self, timeout: float | None = 10.0, *, sinks: bool = True) -> bool:
