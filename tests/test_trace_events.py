@@ -441,7 +441,10 @@ def test_whitespace_is_dropped_as_it_is_passed(tmp_path: Path, monkeypatch: pyte
     finally:
         tracemalloc.stop()
     assert len(trace.gpu_ops) >= 2
-    assert peak < 8 * te._READ, f"peak {peak / 2**20:.1f} MiB for {n / 2**20:.0f} MiB of whitespace"
+    # the reader's own buffer, counted as it grows: exact whatever else the process allocates meanwhile
+    assert trace.read_stats.buffer_peak < 4 * te._READ, trace.read_stats
+    # and the whole process's peak (other threads of earlier tests may add a little: a looser bound)
+    assert peak < 32 * te._READ, f"peak {peak / 2**20:.1f} MiB for {n / 2**20:.0f} MiB of whitespace"
 
 
 def _long_int() -> str:

@@ -78,6 +78,7 @@ class ReadStats:
     bytes_parsed: int = 0  # bytes given to a JSON parser, failed attempts included
     parses: int = 0  # parser calls (a piece msgspec refuses and json then takes counts twice)
     pieces: int = 0  # runs of events parsed
+    buffer_peak: int = 0  # the most bytes the reader held at once (what the file costs in memory, beside events)
     streamed: bool = True  # False: the document was laid out otherwise and parsed whole
 
 
