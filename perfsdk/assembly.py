@@ -26,8 +26,9 @@ from typing import Any
 
 from perfsdk._guard import ErrorGuard
 from perfsdk.config import MAX_RANK, MonitorConfig, env_int, multiproc_dir
+from perfsdk.decorators import bare_function, decorate
 from perfsdk.errors import ConfigError, MissingDependencyError
-from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps, bare_function, check_sizes, decorate
+from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps, check_sizes
 from perfsdk.model import ModelSpec
 from perfsdk.records import UNSIZED, RequestQueue
 
