@@ -16,9 +16,9 @@ What can be decorated: functions, methods, ``classmethod``/``staticmethod`` obje
 decorator), coroutine functions (one step from the call to the ``return``, its awaits included),
 generator and async-generator functions (one step from the first item asked for to the last; values
 sent in with ``send``/``asend`` and exceptions thrown in reach the function, ``close``/``aclose``
-runs its ``finally``). The decorated object is a ``wrapt`` function wrapper: a transparent proxy of the
-function, so ``inspect.signature``, ``__name__``, ``__doc__``, ``__wrapped__`` and ``isinstance`` checks
-are the original's, and ``inspect.iscoroutinefunction`` & co. answer as they would for it.
+runs its ``finally``). The decorated function keeps the original's ``inspect.signature``, ``__name__``,
+``__qualname__``, ``__doc__`` and ``__wrapped__`` (``functools.wraps``), and ``inspect.iscoroutinefunction``
+& co. answer as they would for it.
 
 Sizes given as callables are called with the call's arguments, ``self``/``cls`` first for a method
 (as the function itself receives them). One that raises or returns a bad value is counted in
@@ -28,20 +28,33 @@ trace the wrapper is a no-op (a Python step that records nothing), as under CUDA
 Without parentheses Python calls ``mon.decode(fn)``: :func:`bare_function` tells the function to time
 from a size callable given positionally (``@mon.decode(lambda ids: len(ids))``).
 
-**Cost.** ``wrapt``'s C ``FunctionWrapper`` calls one Python wrapper per call, as the ``functools.wraps``
-closure it replaced did; with sizes that are values the wrapper opens the step itself instead of going
-through a per-call helper. Measured side by side in one run (``python benchmarks/decorator_cost.py``,
-2-core CPU, C hot path, median of 9 rounds of 20,000 calls; ``benchmarks/results/cpu_decorator_cost.json``):
-see that file for the figures; the wrapt form is no slower than the closure form it replaced.
+**Why closures, not ``wrapt``.** perfsdk uses ``wrapt`` where it is the field's tool, to patch engines and
+undo it (:mod:`perfsdk.engines.instrumentor`); the decorator forms were written with ``wrapt.decorator``
+too, and measured: ``wrapt``'s C ``FunctionWrapper`` asks the wrapped function for ``__self__`` on every
+call (to tell a bound method), and for a plain function that lookup raises and clears an
+``AttributeError`` — about 0.5 µs, more than a whole decorated step costs on the C hot path. Side by side
+in one run (``benchmarks/decorator_cost.py``; 2-core CPU, wrapt 2.5.2, median ns per call over 9
+interleaved rounds of 20,000; ``benchmarks/results/cpu_decorator_cost.json``), C hot path, ns::
+
+    form               these closures   before (625e1a1)   wrapt.decorator
+    sizes as values               431                515             1,047
+    size callables              1,925              1,956             2,557
+    bare                        1,015              1,075             1,683
+    method                        469                516               983
+    coroutine                     965              1,019             1,551
+
+(the Python hot path: wrapt 1.3-1.5x the closures before, these 0.90-0.94x). So the forms stay
+``functools.wraps`` closures — one Python frame per call, the step opened in it when the sizes are values
+— and keep what ``wrapt`` would have given them here: signatures, methods, class and static methods in
+either order, and ``send``/``asend``/``athrow``/``close`` passed through.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any, TypeVar, cast
-
-import wrapt
 
 from perfsdk._guard import ErrorGuard
 from perfsdk.hotpath import NoStep, check_sizes
@@ -95,24 +108,24 @@ def decorate(
     *new_step* ``(phase, batch, tokens, context_tokens, seq_lens)`` makes a step; *unsized* ``(phase)``
     makes one with no sizes (a *step* whose ``context_tokens`` is :data:`~perfsdk.records.UNSIZED`: a
     bare ``@mon.decode``); *compiling* says whether torch.compile is tracing; *errors* counts a size
-    callable that fails.
+    callable that fails. A ``staticmethod``/``classmethod`` object is unwrapped, decorated and wrapped again.
     """
+    if isinstance(fn, (staticmethod, classmethod)):
+        return cast(F, type(fn)(decorate(new_step, unsized, compiling, errors, step, fn.__func__)))
     phase = step.phase
     batch, tokens, context_tokens, seq_lens = step.sizes
-    make: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
+    kind = _kind(fn)
+    make: Callable[[tuple[Any, ...], dict[str, Any]], Any]
     if context_tokens == UNSIZED:
 
-        def make(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def make(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return NoStep(phase) if compiling() else unsized(phase)
+
     elif any(callable(v) for v in (batch, tokens, context_tokens, seq_lens)):
 
-        def make(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def make(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if compiling():  # torch.compile traces this: the Python Step, a no-op there
                 return NoStep(phase)
-            # wrapt hands a method's self (a classmethod's cls) apart; the function receives it first, and
-            # so do the size callables. A bound method decorated as it is keeps its self to itself.
-            if instance is not None and wrapped is not fn:
-                args = (instance, *args)
             try:
                 vals = [v(*args, **kwargs) if callable(v) else v for v in (batch, tokens, context_tokens, seq_lens)]
                 b, t, c, s, _ = check_sizes(phase, *vals)
@@ -120,80 +133,67 @@ def decorate(
                 errors.record(e, f"@{phase} size callable")
                 return NoStep(phase)
             return new_step(phase, b, None if t == NO_TOKENS else t, c, s)
-    else:
-        if _kind(fn) == "function":  # the common case, one Python call less per call
-            return cast(F, _static_function(new_step, compiling, phase, batch, tokens, context_tokens, seq_lens)(fn))
 
-        def make(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    elif kind == "function":  # the common case: the step made in the wrapper itself, one call less per call
+
+        @functools.wraps(fn)
+        def sized(*args: Any, **kwargs: Any) -> Any:
+            with NoStep(phase) if compiling() else new_step(phase, batch, tokens, context_tokens, seq_lens):
+                return fn(*args, **kwargs)
+
+        return cast(F, sized)
+    else:
+
+        def make(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return NoStep(phase) if compiling() else new_step(phase, batch, tokens, context_tokens, seq_lens)
 
-    return cast(F, _WRAPPERS[_kind(fn)](make)(fn))
+    return cast(F, _WRAPPERS[kind](fn, make))
 
 
 def _kind(fn: Any) -> str:
-    target = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
-    if inspect.isasyncgenfunction(target):
+    if inspect.isasyncgenfunction(fn):
         return "async generator"
-    if inspect.iscoroutinefunction(target):
+    if inspect.iscoroutinefunction(fn):
         return "coroutine"
-    if inspect.isgeneratorfunction(target):
+    if inspect.isgeneratorfunction(fn):
         return "generator"
     return "function"
 
 
-def _static_function(
-    new_step: Callable[..., Any],
-    compiling: Callable[[], bool],
-    phase: str,
-    batch: Any,
-    tokens: Any,
-    context_tokens: Any,
-    seq_lens: Any,
-) -> Any:
-    @wrapt.decorator
-    def timed(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        with NoStep(phase) if compiling() else new_step(phase, batch, tokens, context_tokens, seq_lens):
-            return wrapped(*args, **kwargs)
+def _function(fn: Callable[..., Any], make: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        with make(args, kwargs):
+            return fn(*args, **kwargs)
 
     return timed
 
 
-def _function(make: Callable[..., Any]) -> Any:
-    @wrapt.decorator
-    def timed(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        with make(wrapped, instance, args, kwargs):
-            return wrapped(*args, **kwargs)
+def _coroutine(fn: Callable[..., Any], make: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        with make(args, kwargs):
+            return await fn(*args, **kwargs)
 
     return timed
 
 
-def _coroutine(make: Callable[..., Any]) -> Any:
-    @wrapt.decorator
-    async def timed(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        with make(wrapped, instance, args, kwargs):
-            return await wrapped(*args, **kwargs)
+def _generator(fn: Callable[..., Any], make: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        with make(args, kwargs):  # entered when the first item is asked for
+            return (yield from fn(*args, **kwargs))  # send, throw and close reach the function
 
     return timed
 
 
-def _generator(make: Callable[..., Any]) -> Any:
-    @wrapt.decorator
-    def timed(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Generator[Any, Any, Any]:
-        with make(wrapped, instance, args, kwargs):  # entered when the first item is asked for
-            return (yield from wrapped(*args, **kwargs))  # send, throw and close reach the function
-
-    return timed
-
-
-def _async_generator(make: Callable[..., Any]) -> Any:
-    @wrapt.decorator
-    async def timed(
-        wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> AsyncGenerator[Any, Any]:
+def _async_generator(fn: Callable[..., Any], make: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def timed(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
         # what ``yield from`` does for a generator (async generators have none): values sent in reach the
-        # function through asend, exceptions through athrow, and aclose closes it
-        with make(wrapped, instance, args, kwargs):  # entered when the first item is asked for
-            agen = wrapped(*args, **kwargs)
+        # function through asend, exceptions through athrow, and aclose closes it at once
+        with make(args, kwargs):  # entered when the first item is asked for
+            agen = fn(*args, **kwargs)
             try:
                 item = await agen.__anext__()
             except StopAsyncIteration:
@@ -218,7 +218,7 @@ def _async_generator(make: Callable[..., Any]) -> Any:
     return timed
 
 
-_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Any]] = {
+_WRAPPERS: dict[str, Callable[[Callable[..., Any], Callable[..., Any]], Callable[..., Any]]] = {
     "function": _function,
     "coroutine": _coroutine,
     "generator": _generator,

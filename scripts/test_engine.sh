@@ -42,9 +42,10 @@ run_one() {  # VERSION [pytest args]
     echo "== installing $ENGINE $version (its Python code; CPU torch: no model runs) into $venv"
     "$py" -m pip install -q --upgrade pip
     "$py" -m pip install -q -c constraints/ci.txt torch -r "$constraints" pytest pytest-timeout opentelemetry-sdk
-    "$py" -m pip install -q --no-deps "$ENGINE==$version"
-    # perfsdk with its own dependencies (prometheus-client, wrapt) and its engines' entry points
+    # perfsdk with its own dependencies (prometheus-client, wrapt) and its engines' entry points; before the
+    # engine, whose GPU-only requirements (left out on purpose) pip would otherwise report as missing
     "$py" -m pip install -q -c constraints/ci.txt -e .
+    "$py" -m pip install -q --no-deps "$ENGINE==$version"
     touch "$stamp"
   fi
   echo "== pytest ($ENGINE $version)"

@@ -46,8 +46,9 @@ def test_every_command_runs_its_modules_run() -> None:
         (["regress"], "regress: give a subcommand: save, check (see perfsdk regress --help)"),
     ],
 )
-def test_a_missing_command_or_subcommand_is_one_usage_error(argv: list[str], words: str,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_missing_command_or_subcommand_is_one_usage_error(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert out == ""
@@ -55,8 +56,9 @@ def test_a_missing_command_or_subcommand_is_one_usage_error(argv: list[str], wor
 
 
 def test_the_command_line_itself_says_the_same() -> None:
-    done = subprocess.run([sys.executable, "-m", "perfsdk.cli", "bench"], capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "perfsdk.cli", "bench"], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == "perfsdk: error: bench: give a subcommand: serve, compare (see perfsdk bench --help)"
 

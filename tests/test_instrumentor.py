@@ -102,8 +102,9 @@ def test_requirements_are_checked_before_anything_is_patched(caplog: pytest.LogC
     with caplog.at_level(logging.WARNING, logger="perfsdk"):
         assert not hook.install()
     assert Engine.__dict__["step"] is ORIGINAL
-    assert "is outside the range perfsdk's prometheus-client integration supports (prometheus-client>=999)" \
-        in caplog.text
+    assert (
+        "is outside the range perfsdk's prometheus-client integration supports (prometheus-client>=999)" in caplog.text
+    )
     assert "future engine hook is not installed" in caplog.text
 
 
@@ -142,10 +143,18 @@ def test_an_instance_patch_is_undone_by_deleting_it() -> None:
 
 @pytest.mark.parametrize(
     ("version", "problem"),
-    [("0.26.0", None), ("0.33.9", None), ("0.33.0+cu129", None), ("0.30.0rc1", None), ("0.26", None),
-     ("0.25.9", "vllm 0.25.9 is outside the range perfsdk's vllm integration supports (vllm>=0.26,<0.34)"),
-     ("0.34.0", "outside"), ("1.0.0", "outside"), (None, "cannot read vllm's version (None)"),
-     ("dev", "cannot read vllm's version ('dev'); perfsdk supports vllm>=0.26,<0.34")],
+    [
+        ("0.26.0", None),
+        ("0.33.9", None),
+        ("0.33.0+cu129", None),
+        ("0.30.0rc1", None),
+        ("0.26", None),
+        ("0.25.9", "vllm 0.25.9 is outside the range perfsdk's vllm integration supports (vllm>=0.26,<0.34)"),
+        ("0.34.0", "outside"),
+        ("1.0.0", "outside"),
+        (None, "cannot read vllm's version (None)"),
+        ("dev", "cannot read vllm's version ('dev'); perfsdk supports vllm>=0.26,<0.34"),
+    ],
 )
 def test_a_requirement_reads_release_numbers(version: str | None, problem: str | None) -> None:
     got = Requirement.parse("vllm >= 0.26, < 0.34").problem(version)
@@ -154,7 +163,7 @@ def test_a_requirement_reads_release_numbers(version: str | None, problem: str |
 
 @pytest.mark.parametrize("text", ["vllm", "vllm ~= 0.26", "vllm >= 0.26,", ">= 0.26"])
 def test_a_requirement_that_cannot_be_read_is_refused(text: str) -> None:
-    with pytest.raises(ValueError, match="requirement|clause"):
+    with pytest.raises(ValueError, match=r"requirement|clause"):
         Requirement.parse(text)
 
 
