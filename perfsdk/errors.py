@@ -27,6 +27,7 @@ __all__ = [
     "PerfsdkError",
     "UnknownHardwareError",
     "UnknownModelError",
+    "UsageError",
     "suggest",
 ]
 
@@ -37,6 +38,11 @@ class PerfsdkError(Exception):
 
 class ConfigError(PerfsdkError, ValueError):
     """A value given to perfsdk is out of range or inconsistent; the message names the field."""
+
+
+class UsageError(PerfsdkError):
+    """A ``perfsdk`` command line that cannot run as given (a command or subcommand missing); the message says
+    what to give. ``perfsdk``'s ``main`` prints it and exits 2, as for every error here."""
 
 
 class UnknownHardwareError(ConfigError):

@@ -30,8 +30,6 @@ unchanged; the step is recorded with their type as its error) and, in strict mod
 from __future__ import annotations
 
 import abc
-import functools
-import inspect
 import itertools
 import threading
 import time
@@ -48,7 +46,6 @@ from perfsdk.records import (
     NO_TOKENS,
     PHASE_CODES,
     TIMED,
-    UNSIZED,
     UNTIMED,
     Request,
     RequestQueue,
@@ -59,7 +56,7 @@ from perfsdk.records import (
     lens_summary,
 )
 
-__all__ = ["CUDA_ERROR_INVALID_CONTEXT", "HotState", "LastEnd", "Step", "ThreadSteps", "bare_function", "decorate"]
+__all__ = ["CUDA_ERROR_INVALID_CONTEXT", "HotState", "LastEnd", "Step", "ThreadSteps"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -475,104 +472,6 @@ def _let_go(hot: HotState, ev: tuple[Any, Any]) -> None:
                 pool.unref(e)
             except Exception:
                 pass
-
-
-def bare_function(phase: str, batch: Any, tokens: Any, context_tokens: Any, seq_lens: Any) -> Any:
-    """The function a bare ``@mon.decode`` / ``@mon.prefill`` / ``@mon.mixed`` (no parentheses) decorates, or None.
-
-    Without parentheses Python calls ``mon.decode(fn)``: the function arrives as the phase's first size
-    (decode: *batch*; prefill: *tokens*; mixed: the prefill lengths) with every other size at its default.
-    A *named* function (``def``/``async def``, generators too), a bound method, or a ``staticmethod`` /
-    ``classmethod`` object there is the function to time; a lambda, a ``functools.partial``, a builtin such
-    as ``len`` or a callable object stays a size callable (``@mon.decode(batch=lambda ids, **_: len(ids))``).
-    """
-    if phase == "decode":
-        lead, rest = batch, tokens is None and _is_int(context_tokens, 0) and seq_lens is None
-    elif phase == "prefill":
-        lead, rest = tokens, _is_int(batch, 1) and _is_int(context_tokens, 0) and seq_lens is None
-    else:
-        lead, rest = seq_lens, _is_int(batch, 0) and tokens is None and _is_int(context_tokens, 0)
-    return lead if rest and _is_step_function(lead) else None
-
-
-def _is_int(v: Any, n: int) -> bool:
-    return type(v) is int and v == n
-
-
-def _is_step_function(x: Any) -> bool:
-    if isinstance(x, (staticmethod, classmethod)):
-        return True
-    if inspect.ismethod(x):
-        x = x.__func__
-    return inspect.isfunction(x) and x.__name__ != "<lambda>"
-
-
-def decorate(new_step: Callable[..., Any], unsized: Callable[[str], Any], compiling: Callable[[], bool],
-             errors: ErrorGuard, step: Any, fn: F) -> F:
-    """*fn* with every call one step made like *step* (the decorator form, for both implementations).
-
-    Sizes given as callables are called with the call's arguments; one that fails or returns a bad value
-    is counted and the call still runs, untimed. A *step* with no sizes (``context_tokens`` is
-    :data:`~perfsdk.records.UNSIZED`: a bare ``@mon.decode``) makes each call a timed step without MBU/MFU,
-    through *unsized* (``phase -> step``).
-
-    Coroutine functions are one step from the call to the ``return`` (the range spans their awaits);
-    generator and async-generator functions one step from the first item asked for to the last; a
-    ``staticmethod``/``classmethod`` object is unwrapped, decorated and wrapped again.
-    """
-    if isinstance(fn, (staticmethod, classmethod)):
-        return cast(F, type(fn)(decorate(new_step, unsized, compiling, errors, step, fn.__func__)))
-    phase = step.phase
-    batch, tokens, context_tokens, seq_lens = step.sizes
-    dynamic = any(callable(v) for v in (batch, tokens, context_tokens, seq_lens))
-    no_sizes = context_tokens == UNSIZED
-
-    def fresh(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if compiling():  # torch.compile traces this: the Python Step, a no-op there
-            return NoStep(phase)
-        if no_sizes:
-            return unsized(phase)
-        if not dynamic:
-            return new_step(phase, batch, tokens, context_tokens, seq_lens)
-        try:
-            vals = [v(*args, **kwargs) if callable(v) else v for v in (batch, tokens, context_tokens, seq_lens)]
-            b, t, c, s, _ = check_sizes(phase, *vals)
-        except Exception as e:  # a size callable that fails or returns a bad value: the call still runs
-            errors.record(e, f"@{phase} size callable")
-            return NoStep(phase)
-        return new_step(phase, b, None if t == NO_TOKENS else t, c, s)
-
-    if inspect.isasyncgenfunction(fn):
-        @functools.wraps(fn)
-        async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
-            with fresh(args, kwargs):
-                async for item in fn(*args, **kwargs):
-                    yield item
-
-        return cast(F, agen_wrapper)
-
-    if inspect.iscoroutinefunction(fn):
-        @functools.wraps(fn)
-        async def awrapper(*args: Any, **kwargs: Any) -> Any:
-            with fresh(args, kwargs):
-                return await fn(*args, **kwargs)
-
-        return cast(F, awrapper)
-
-    if inspect.isgeneratorfunction(fn):
-        @functools.wraps(fn)
-        def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
-            with fresh(args, kwargs):
-                return (yield from fn(*args, **kwargs))
-
-        return cast(F, gen_wrapper)
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with fresh(args, kwargs):
-            return fn(*args, **kwargs)
-
-    return cast(F, wrapper)
 
 
 def host_step(phase: str, seconds: float, end_ns: int, batch: Any, tokens: Any, context_tokens: Any,

@@ -423,6 +423,15 @@ class Monitor:
                 self._errors.record(e, "metrics drain")
         return exposition(self.registry)
 
+    def count_error(self, exc: BaseException, where: str) -> None:
+        """Count a failure of code that instruments with this Monitor (an engine hook, a stat logger, your own
+        wrapper) as perfsdk counts its own: one more ``perfsdk_internal_errors_total``, the traceback logged
+        once per *where*. Never raises; the caller carries on, as serving should."""
+        try:
+            self._errors.record(exc, where)
+        except Exception:
+            pass
+
     def stats(self) -> dict[str, Any]:
         """Rolling per-phase statistics (last few thousand steps) and the SDK's health counters (``dropped_records``,
         ``internal_errors``, ``calls_after_close``; ``dropped_spans`` with an OpenTelemetry sink)."""

@@ -29,8 +29,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from perfsdk._guard import ErrorGuard
+from perfsdk.decorators import bare_function, decorate
 from perfsdk.errors import ConfigError
-from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps, bare_function, check_sizes, decorate
+from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps, check_sizes
 from perfsdk.records import UNSIZED
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The ``perfsdk`` command line: one module per subcommand, each with a ``register(subparsers)``.
+"""The ``perfsdk`` command line: one module per subcommand, each with ``register(subparsers)`` and ``run(args)``.
 
 ::
 
@@ -10,6 +10,13 @@
     perfsdk analyze trace.pt.trace.json.gz                           # cli/analyze.py
     perfsdk regress save|check ...                                   # cli/regress.py
     perfsdk sglang --fpm ipc:///tmp/sglang-fpm --model ...           # cli/sglang.py
+
+Every module follows one pattern. ``register`` adds its parser(s) and sets ``func=run``; ``run(args)`` does
+the work and returns the exit status, and raises :class:`~perfsdk.errors.PerfsdkError` (or a subclass) for
+anything it cannot do — :func:`main` prints ``perfsdk: error: <message>`` on stderr and exits 2, with no
+traceback. A module with subcommands (``bench serve|compare``, ``regress save|check``) or several commands
+(``calibrate``, ``hardware``) names each handler ``run_<subcommand>`` and has ``run`` pick one with
+:func:`dispatch`; a missing command or subcommand is a :class:`~perfsdk.errors.UsageError` naming the choices.
 
 A subcommand module imports only argparse and perfsdk's light core at import time; what it drives
 (torch, aiohttp, zmq) is imported when it runs, so ``perfsdk floor`` never pays for torch. A
@@ -28,12 +35,12 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from perfsdk._version import __version__
-from perfsdk.errors import PerfsdkError
+from perfsdk.errors import PerfsdkError, UsageError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "dispatch", "main"]
 
 # subcommand name(s) -> module under perfsdk.cli; each module exposes register(subparsers)
 COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -74,12 +81,22 @@ def _broken(sub: argparse._SubParsersAction[argparse.ArgumentParser], command: s
     p.add_argument("args", nargs=argparse.REMAINDER)
 
     def run(_: argparse.Namespace) -> int:
-        print(f"perfsdk: error: the '{command}' command cannot run: importing perfsdk.cli.{module} failed: "
-              f"{type(error).__name__}: {error}. Reinstall perfsdk (pip install --force-reinstall perfsdk).",
-              file=sys.stderr)
-        return 2
+        raise PerfsdkError(f"the '{command}' command cannot run: importing perfsdk.cli.{module} failed: "
+                           f"{type(error).__name__}: {error}. "
+                           "Reinstall perfsdk (pip install --force-reinstall perfsdk).")
 
     p.set_defaults(func=run)
+
+
+def dispatch(args: argparse.Namespace, dest: str, handlers: Mapping[str, Callable[[argparse.Namespace], int]],
+             command: str) -> int:
+    """Run the handler of the (sub)command named in ``args.<dest>``; a missing one is a :class:`UsageError`
+    naming *handlers*' choices (``bench: give a subcommand: serve, compare (see perfsdk bench --help)``)."""
+    name = getattr(args, dest, None)
+    handler = handlers.get(name) if isinstance(name, str) else None
+    if handler is None:
+        raise UsageError(f"{command}: give a subcommand: {', '.join(handlers)} (see perfsdk {command} --help)")
+    return handler(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,11 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 2
     try:
+        func = getattr(args, "func", None)
+        if func is None:
+            names = ", ".join(c for _, commands in COMMANDS for c in commands)
+            raise UsageError(f"give a command: {names} (see perfsdk --help)")
         rc = func(args)
     except PerfsdkError as e:
         print(f"perfsdk: error: {e}", file=sys.stderr)
@@ -109,3 +126,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     return int(rc or 0)
+

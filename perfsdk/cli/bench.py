@@ -30,10 +30,11 @@ from __future__ import annotations
 import argparse
 import math
 
+from perfsdk.cli import dispatch
 from perfsdk.cli._args import DAY_S, SEED, finite_float, int_range, positive_int
 from perfsdk.errors import ConfigError
 
-__all__ = ["register"]
+__all__ = ["register", "run", "run_compare", "run_serve"]
 
 # The flags' ranges: beyond them a value is a typo, and some would overflow (an arrival gap of 1e-300 s) or
 # hold the run for centuries. --request-rate also takes "inf": every request at once.
@@ -43,10 +44,10 @@ MAX_CONCURRENCY = 10**6
 RATE = finite_float(0, MAX_RATE, open_low=True, allow_inf=True, what="a number of requests/s")
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = sub.add_parser("bench", help="load-test an OpenAI-compatible server and compare runs")
     bsub = bench.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
-    bench.set_defaults(func=lambda _args: (bench.print_help(), 2)[1])
+    bench.set_defaults(func=run)
 
     s = bsub.add_parser(
         "serve",
@@ -112,7 +113,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--save-result", metavar="PATH", default=None, help="write config, records, summary as JSON")
     s.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of latencies and tokens/s")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s.set_defaults(func=_serve)
 
     c = bsub.add_parser(
         "compare",
@@ -124,10 +124,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     c.add_argument("a", metavar="A.json")
     c.add_argument("b", metavar="B.json")
-    c.set_defaults(func=_compare)
 
 
-def _serve(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    return dispatch(args, "bench_command", {"serve": run_serve, "compare": run_compare}, "bench")
+
+
+def run_serve(args: argparse.Namespace) -> int:
     from perfsdk.bench.config import BenchConfig, parse_goodput  # keeps `perfsdk` startup cheap
     from perfsdk.bench.run import benchmark
 
@@ -165,7 +168,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 1 if any(rep.summary["completed"] == 0 for rep in result.repetitions) else 0
 
 
-def _compare(args: argparse.Namespace) -> int:
+def run_compare(args: argparse.Namespace) -> int:
     from perfsdk.bench.compare import compare_results, config_diff, format_comparison
     from perfsdk.bench.result import BenchResult
 

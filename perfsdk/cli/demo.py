@@ -48,7 +48,7 @@ from typing import Any
 from perfsdk.cli._args import DAY_S, PORT, SEED, finite_float, positive_int
 from perfsdk.errors import ConfigError
 
-__all__ = ["register", "run_demo"]
+__all__ = ["register", "run", "run_demo", "run_ladder"]
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +113,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--out", default="perfsdk-ladder", help="where the ladder writes (default ./perfsdk-ladder)")
     g.add_argument("--concurrency", type=positive_int(MAX_SLOTS), default=None,
                    help="ladder load: requests in flight (16 CUDA, 4 CPU)")
-    p.set_defaults(func=run_demo)
+    p.set_defaults(func=run)
 
 
-def run_ladder_cli(args: argparse.Namespace) -> int:
+def run_ladder(args: argparse.Namespace) -> int:
     from perfsdk.demo.ladder import LadderConfig, format_table, run_ladder
 
     cfg = LadderConfig(
@@ -204,9 +204,13 @@ class _Stopper:
                 raise _Signalled(pending)
 
 
+def run(args: argparse.Namespace) -> int:
+    """``perfsdk demo`` (``--ladder``: :func:`run_ladder`)."""
+    return run_ladder(args) if args.ladder else run_demo(args)
+
+
 def run_demo(args: argparse.Namespace) -> int:
-    if args.ladder:
-        return run_ladder_cli(args)
+    """The demo: serve, load, report (the module docstring)."""
     with _Stopper() as stopper:
         try:
             return _run_demo(args, stopper)

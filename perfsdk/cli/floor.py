@@ -33,7 +33,7 @@ from perfsdk.cli._args import finite_float, int_range, positive_int
 from perfsdk.errors import ConfigError
 from perfsdk.model import ModelSpec, dtype_bytes
 
-__all__ = ["compute", "parse_count", "register"]
+__all__ = ["compute", "parse_count", "register", "run"]
 
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 # The ranges of the flags: wide enough for any real model or part, narrow enough that no figure overflows a
@@ -251,7 +251,7 @@ def format_table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _run(a: argparse.Namespace) -> int:
+def run(a: argparse.Namespace) -> int:
     result = compute(a)
     print(json.dumps(result, indent=2) if a.json else format_table(result))
     for w in result["warnings"]:
@@ -289,4 +289,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tp", type=positive_int(MAX_SIZE), default=1, help="tensor-parallel size: figures per GPU")
     p.add_argument("--measured-ms", type=finite_float(*MEASURED_MS), help="a measured decode step in ms: prints MBU")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=run)

@@ -30,7 +30,7 @@ from perfsdk.cli._args import finite_float, positive_int
 from perfsdk.hardware.calibration import format_rate, label, unit
 from perfsdk.hardware.calibration_cache import max_age_days
 
-__all__ = ["format_calibration", "register"]
+__all__ = ["format_calibration", "register", "run", "run_calibrate", "run_hardware"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,12 +56,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="use a cached calibration up to this age (default 7; $PERFSDK_CALIBRATION_MAX_AGE_DAYS)",
     )
-    cal.set_defaults(func=_run_calibrate)
+    cal.set_defaults(func=run)
 
     hw = sub.add_parser("hardware", help="list the datasheet table (or one row)")
     hw.add_argument("name", nargs="?", help="a part, e.g. 'h100-sxm' or 'H200'")
     hw.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    hw.set_defaults(func=_run_hardware)
+    hw.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``perfsdk calibrate`` or ``perfsdk hardware``, by the command given."""
+    return run_calibrate(args) if args.command == "calibrate" else run_hardware(args)
 
 
 def format_calibration(cal: hardware.Calibration) -> str:
@@ -110,7 +115,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _run_calibrate(args: argparse.Namespace) -> int:
+def run_calibrate(args: argparse.Namespace) -> int:
     cal = hardware.calibrate(
         args.device, cache=not args.no_cache, size_mb=args.size_mb, quick=args.quick, rounds=args.rounds,
         max_age_days=args.max_age_days,
@@ -140,7 +145,7 @@ def _run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_hardware(args: argparse.Namespace) -> int:
+def run_hardware(args: argparse.Namespace) -> int:
     # `is not None`: an empty name ("") is a mistake to report, not a request for the whole table
     specs = [hardware.get(args.name)] if args.name is not None else [hardware.get(n) for n in hardware.names()]
     if args.json:

@@ -29,11 +29,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from perfsdk.cli import dispatch
 from perfsdk.cli._args import finite_float
 from perfsdk.errors import ConfigError, PerfsdkError
 
 if TYPE_CHECKING:
     from perfsdk.regress import RegressionReport
+
+__all__ = ["register", "run", "run_check", "run_save"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,12 +48,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rsub = p.add_subparsers(dest="regress_command", required=True)
+    rsub = p.add_subparsers(dest="regress_command", metavar="SUBCOMMAND")
+    p.set_defaults(func=run)
 
     s = rsub.add_parser("save", help="store a saved `perfsdk bench serve` run as the baseline")
     s.add_argument("run", metavar="RUN.json")
     s.add_argument("--baseline", default=str(DEFAULT_BASELINE), help=f"where (default {DEFAULT_BASELINE})")
-    s.set_defaults(func=_save)
 
     c = rsub.add_parser(
         "check",
@@ -76,10 +79,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="compare runs made with different settings (rate, lengths, model, ...)")
     c.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown (e.g. $GITHUB_STEP_SUMMARY)")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
-    c.set_defaults(func=_check)
 
 
-def _save(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    return dispatch(args, "regress_command", {"save": run_save, "check": run_check}, "regress")
+
+
+def run_save(args: argparse.Namespace) -> int:
     from perfsdk.bench.result import BenchResult
     from perfsdk.regress import save_baseline
 
@@ -93,7 +99,7 @@ def _save(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> int:
+def run_check(args: argparse.Namespace) -> int:
     """Print the report and return its exit code; bad input raises for `main` (stderr, exit 2)."""
     from perfsdk.regress import CannotCompareError, cannot_compare_markdown
 

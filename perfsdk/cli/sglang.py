@@ -11,7 +11,7 @@ import time
 
 from perfsdk.cli._args import PORT, finite_float, positive_int
 
-__all__ = ["register"]
+__all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--addr", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--duration", type=finite_float(0, 1e8, open_low=True, what="a number of seconds"), default=None,
                    help="stop after this many seconds (default: run)")
-    p.set_defaults(func=_run_cli)
+    p.set_defaults(func=run)
 
 
 
@@ -41,7 +41,7 @@ def _engine_doc() -> str:
     return sglang.__doc__ or ""
 
 
-def _run_cli(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import signal
 
     import perfsdk

@@ -10,7 +10,9 @@ The engines' request latencies come from what they measure themselves (vLLM's st
 (:mod:`perfsdk.engines.sglang`) reads its forward-pass metrics feed from another process.
 
 Importing this package imports no engine. The hooks are loaded through each engine's plugin entry points
-(``pyproject.toml``), check the engine's version, and never raise into it.
+(``pyproject.toml``) and share one base, :class:`~perfsdk.engines.instrumentor.Instrumentor`: the engine
+releases each supports declared as data and checked before anything is patched, install and uninstall
+idempotent, patches that carry perfsdk's marker and are undone exactly. They never raise into the engine.
 """
 
 from perfsdk.records import split_evenly

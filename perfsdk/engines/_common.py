@@ -2,7 +2,6 @@
 
 * :class:`StepShape` — the exact work of one engine step, and :func:`enter_step`, which opens the
   matching perfsdk step (``prefill`` / ``decode`` / ``mixed``) on the calling thread;
-* :func:`version_problem` — an installed engine against the range an integration supports;
 * :func:`process_monitor` — one Monitor per process, model and rank, made after a fork in the child,
   exporting where the engine's ``/metrics`` reads (``PROMETHEUS_MULTIPROC_DIR``) and/or on a per-rank port;
 * :func:`count_error` — a perfsdk failure counted and logged once, never raised into the engine.
@@ -13,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ if TYPE_CHECKING:
     from perfsdk.model import ModelSpec
     from perfsdk.monitor import Monitor
 
-__all__ = ["StepShape", "count_error", "enabled", "enter_step", "process_monitor", "version_problem"]
+__all__ = ["StepShape", "count_error", "enabled", "enter_step", "process_monitor"]
 
 log = logging.getLogger("perfsdk")
 
@@ -89,18 +87,6 @@ def exit_step(mon: Monitor, step: Any, exc: BaseException | None = None) -> None
             step.__exit__(type(exc), exc, exc.__traceback__)
     except Exception as e:
         count_error(mon, e, "engine hook: step end")
-
-
-def version_problem(engine: str, version: str, low: tuple[int, ...], high: tuple[int, ...]) -> str | None:
-    """None when *version* of *engine* is within ``[low, high)``, else a message naming that range."""
-    text = f"{engine}>={'.'.join(map(str, low))},<{'.'.join(map(str, high))}"
-    nums = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version or "")
-    if nums is None:
-        return f"cannot read {engine}'s version ({version!r}); perfsdk supports {text}"
-    v = tuple(int(x) for x in nums.groups() if x is not None)
-    if not low <= v < high:
-        return f"{engine} {version} is outside the range perfsdk's {engine} integration supports ({text})"
-    return None
 
 
 def enabled() -> bool:
@@ -213,14 +199,11 @@ def _profiler(mon: Monitor) -> None:
 
 
 def count_error(mon: Monitor | None, exc: BaseException, where: str) -> None:
-    """Count *exc* in *mon*'s ``perfsdk_internal_errors_total`` and log it once per site (never raises).
-
-    (The Monitor's error guard is not public API; the engine integrations reach it only through here.)
-    """
+    """Count *exc* in *mon*'s ``perfsdk_internal_errors_total`` (:meth:`perfsdk.Monitor.count_error`: logged
+    once per site), or log it when there is no Monitor yet. Never raises."""
     try:
-        guard = getattr(mon, "_errors", None)
-        if guard is not None:
-            guard.record(exc, where)
+        if mon is not None:
+            mon.count_error(exc, where)
         else:
             log.error("perfsdk: %s: %s", where, exc)
     except Exception:

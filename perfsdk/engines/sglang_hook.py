@@ -39,8 +39,10 @@ in every rank (triggered per rank by that port or ``SIGUSR2`` to the scheduler p
 
 **Never breaks SGLang.** A perfsdk failure is counted in ``perfsdk_internal_errors_total`` and logged
 once; the forward runs on. SGLang's own exceptions pass through unchanged (the step is recorded as
-failed). On an SGLang outside :data:`SUPPORTED` the plugin says which range it supports and registers
-nothing.
+failed). The supported releases are one line, :class:`SglangForwardInstrumentor`'s ``_instruments``
+(``sglang >= 0.5.23, < 0.6``): on another release the plugin says which range it supports and registers
+nothing. :func:`uninstall` undoes it (the registered hook then passes every forward straight through:
+SGLang's registry cannot take a hook back).
 
 When to use which: this hook needs perfsdk installed in SGLang's environment and gives device-time steps
 with exact sizes, in SGLang's own ``/metrics``. ``perfsdk sglang`` (:mod:`perfsdk.engines.sglang`) runs
@@ -51,6 +53,7 @@ from SGLang's published sums (prefill lengths split evenly).
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from perfsdk.config import env
@@ -62,49 +65,65 @@ from perfsdk.engines._common import (
     enter_step,
     exit_step,
     process_monitor,
-    version_problem,
 )
+from perfsdk.engines.instrumentor import Instrumentor
 
 if TYPE_CHECKING:
     from perfsdk.monitor import Monitor
 
-__all__ = ["SUPPORTED", "TARGET", "RunnerHook", "forward_shape", "install"]
+__all__ = ["TARGET", "RunnerHook", "SglangForwardInstrumentor", "forward_shape", "install", "uninstall"]
 
 log = logging.getLogger("perfsdk")
 
-SUPPORTED = ((0, 5, 23), (0, 6))  # SGLang >= 0.5.23, < 0.6: the range the CI suite runs (0.5.23)
 TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 _HOOK_ATTR = "_perfsdk_hook"
-_REGISTERED = False
+_REGISTERED = False  # SGLang's HookRegistry holds around_forward (once per process: it has no unregister)
+_ACTIVE = False  # around_forward records; False: it passes every forward straight through
+_HOOKS: weakref.WeakSet[RunnerHook] = weakref.WeakSet()  # every runner hooked in this process
 
 
-def sglang_version_problem(version: str | None = None) -> str | None:
-    if version is None:
-        from importlib.metadata import version as dist_version
+class SglangForwardInstrumentor(Instrumentor):
+    """The ``AROUND`` hook on ``ModelRunner.forward``, through SGLang's own ``HookRegistry``.
 
-        version = dist_version("sglang")
-    return version_problem("sglang", version, *SUPPORTED)
+    SGLang's registry applies a hook once and can take none back, so :meth:`uninstall` turns the registered
+    hook into a pass-through (one global read per forward) and lets go of every runner's
+    :class:`RunnerHook`; installing again turns it back on without registering twice.
+    """
+
+    name = "SGLang forward hook"
+    _instruments = ("sglang >= 0.5.23, < 0.6",)  # the CI suite runs 0.5.23
+
+    def _install(self) -> None:
+        global _REGISTERED, _ACTIVE
+        if not _REGISTERED:
+            from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+            HookRegistry.register(TARGET, around_forward, HookType.AROUND)
+            _REGISTERED = True
+        _ACTIVE = True
+
+    def _uninstall(self) -> None:
+        global _ACTIVE
+        _ACTIVE = False
+        for hook in list(_HOOKS):
+            if hook.runner.__dict__.get(_HOOK_ATTR) is hook:
+                del hook.runner.__dict__[_HOOK_ATTR]
+            _HOOKS.discard(hook)
 
 
 def install() -> None:
     """The ``sglang.srt.plugins`` entry point: register the ``AROUND`` hook on ``ModelRunner.forward``.
 
-    SGLang's ``load_plugins()`` calls it, then applies the hooks. Idempotent; never raises.
+    SGLang's ``load_plugins()`` calls it, then applies the hooks (a hook registered after that is applied
+    only by SGLang's next ``apply_hooks``). Idempotent; on an SGLang outside the supported range it logs
+    which range perfsdk supports and registers nothing; never raises.
     """
-    global _REGISTERED
-    try:
-        if _REGISTERED or not enabled():
-            return
-        problem = sglang_version_problem()
-        if problem is not None:
-            log.warning("perfsdk: %s: the forward hook is not installed (no device-time steps, MBU or MFU)", problem)
-            return
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    SglangForwardInstrumentor().install()
 
-        HookRegistry.register(TARGET, around_forward, HookType.AROUND)
-        _REGISTERED = True
-    except Exception as e:
-        log.error("perfsdk: SGLang forward hook not installed: %s", e)
+
+def uninstall() -> None:
+    """Undo :func:`install`: no forward is recorded any more, and the runners' hooks are let go."""
+    SglangForwardInstrumentor().uninstall()
 
 
 def forward_shape(forward_batch: Any) -> StepShape | None:
@@ -201,6 +220,7 @@ def hook_of(runner: Any) -> RunnerHook | None:
         try:
             if not getattr(runner, "is_draft_worker", False) and enabled():
                 hook = RunnerHook(runner, runner_monitor(runner))
+                _HOOKS.add(hook)
         except Exception as e:  # a bad PERFSDK_* setting: SGLang runs on without perfsdk's step metrics
             log.error("perfsdk: SGLang model runner not hooked (it runs on without perfsdk's step metrics): %s", e)
         runner.__dict__[_HOOK_ATTR] = hook
@@ -209,6 +229,8 @@ def hook_of(runner: Any) -> RunnerHook | None:
 
 def around_forward(original: Any, *args: Any, **kwargs: Any) -> Any:
     """The ``AROUND`` hook on ``ModelRunner.forward(self, forward_batch, ...)``."""
+    if not _ACTIVE:  # uninstalled: SGLang's registry keeps the hook, which passes straight through
+        return original(*args, **kwargs)
     step = hook = None
     try:
         hook = hook_of(args[0])

@@ -202,8 +202,7 @@ class Stream:
             self.eof = True
             return False
         self.buf += block
-        if len(self.buf) > self.stats.buffer_peak:
-            self.stats.buffer_peak = len(self.buf)
+        self.stats.buffer_peak = max(self.stats.buffer_peak, len(self.buf))
         return True
 
     def drop(self, n: int) -> None:

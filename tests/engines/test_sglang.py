@@ -15,7 +15,6 @@ processes, ``--enable-metrics``) and serves SGLang's own ``/metrics`` app, scrap
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -265,19 +264,62 @@ def test_a_draft_model_runner_is_not_recorded(tmp_path: Path, monkeypatch: pytes
 
 
 def test_another_sglang_version_gets_a_message_naming_the_range(monkeypatch: pytest.MonkeyPatch,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
-    assert sglang_hook.sglang_version_problem("0.5.23") is None
-    assert sglang_hook.sglang_version_problem("0.5.30") is None
+                                                                caplog: pytest.LogCaptureFixture,
+                                                                tmp_path: Path) -> None:
+    import sglang
+
+    instrumentor = sglang_hook.SglangForwardInstrumentor()
+    assert instrumentor.dependency_problem({"sglang": "0.5.23"}) is None
+    assert instrumentor.dependency_problem({"sglang": "0.5.30"}) is None
     for other in ("0.5.22", "0.6.0"):
-        assert "sglang>=0.5.23,<0.6" in (sglang_hook.sglang_version_problem(other) or "")
-    monkeypatch.setattr(sglang_hook, "_REGISTERED", False)
-    monkeypatch.setattr(sglang_hook, "sglang_version_problem",
-                        functools.partial(sglang_hook.sglang_version_problem, "0.7.0"))
+        assert "sglang>=0.5.23,<0.6" in (instrumentor.dependency_problem({"sglang": other}) or "")
+    load_plugins()
+    sglang_hook.uninstall()
     before = len(HookRegistry._hooks[sglang_hook.TARGET])
-    with caplog.at_level(logging.WARNING, logger="perfsdk"):
+    monkeypatch.setattr(sglang, "__version__", "0.7.0")  # what the installed SGLang reports
+    try:
+        with caplog.at_level(logging.WARNING, logger="perfsdk"):
+            sglang_hook.install()
+        assert not instrumentor.installed
+        assert len(HookRegistry._hooks[sglang_hook.TARGET]) == before
+        assert "sglang 0.7.0 is outside the range" in caplog.text and "sglang>=0.5.23,<0.6" in caplog.text
+        assert "not installed" in caplog.text
+        monkeypatch.setenv("PERFSDK_HARDWARE", "h100-sxm")
+        runner = cpu.CpuModelRunner(cpu.scheduler_context(tmp_path))
+        runner.forward(cpu.batch("DECODE", [10]))
+        assert runner.seen == ["DECODE"] and "_perfsdk_hook" not in vars(runner)  # not hooked, nothing recorded
+    finally:
+        monkeypatch.undo()
         sglang_hook.install()
-    assert len(HookRegistry._hooks[sglang_hook.TARGET]) == before
-    assert "sglang>=0.5.23,<0.6" in caplog.text and "not installed" in caplog.text
+    assert instrumentor.installed
+
+
+def test_install_is_idempotent_and_uninstall_stops_recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's registry cannot take a hook back: uninstall makes perfsdk's pass every forward through and lets
+    go of the runners' hooks; install again records again, with the hook still registered once."""
+    monkeypatch.setenv("PERFSDK_HARDWARE", "h100-sxm")
+    load_plugins()
+    sglang_hook.install()
+    sglang_hook.install()
+    assert [h for _, h, _ in HookRegistry._hooks[sglang_hook.TARGET]] == [sglang_hook.around_forward]
+    runner = cpu.CpuModelRunner(cpu.scheduler_context(tmp_path))
+    runner.forward(cpu.batch("DECODE", [10]))
+    hook = sglang_hook.hook_of(runner)
+    assert hook is not None and hook.steps == 1
+    try:
+        sglang_hook.uninstall()
+        sglang_hook.uninstall()
+        assert not sglang_hook.SglangForwardInstrumentor().installed
+        assert "_perfsdk_hook" not in vars(runner)  # the runner's hook let go of
+        runner.forward(cpu.batch("DECODE", [10]))
+        assert runner.seen == ["DECODE", "DECODE"] and hook.steps == 1  # ran, not recorded
+        assert "_perfsdk_hook" not in vars(runner)
+    finally:
+        sglang_hook.install()
+    runner.forward(cpu.batch("DECODE", [10]))
+    again = sglang_hook.hook_of(runner)
+    assert again is not None and again is not hook and again.steps == 1
+    assert [h for _, h, _ in HookRegistry._hooks[sglang_hook.TARGET]] == [sglang_hook.around_forward]
 
 
 def test_a_bad_perfsdk_setting_leaves_sglang_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

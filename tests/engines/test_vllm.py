@@ -1,4 +1,5 @@
-"""perfsdk's vLLM integration against the real ``vllm`` package (0.33, its own venv: scripts/test_engine.sh vllm).
+"""perfsdk's vLLM integration against the real ``vllm`` package (0.26 and 0.33, each in its own venv:
+scripts/test_engine.sh vllm).
 
 No GPU here, so no model runs; everything else is vLLM's own code. The worker hook is loaded by vLLM's
 plugin loader from the installed entry point and attached through vLLM's ``WorkerWrapperBase.init_worker``
@@ -58,13 +59,15 @@ from vllm.v1.worker.worker_base import WorkerWrapperBase  # noqa: E402
 
 from perfsdk import budget, hardware  # noqa: E402
 from perfsdk.engines import _common as engine_common  # noqa: E402
-from perfsdk.engines.vllm import config as vllm_config  # noqa: E402
+from perfsdk.engines.instrumentor import is_ours  # noqa: E402
 from perfsdk.engines.vllm import stats as vllm_stats  # noqa: E402
 from perfsdk.engines.vllm import worker as vllm_worker  # noqa: E402
 from perfsdk.engines.vllm.batch import StepShape, step_shape  # noqa: E402
 from perfsdk.model import ModelSpec  # noqa: E402
 
 HW = hardware.resolve("h100-sxm")
+VLLM_VERSION = vllm.__version__
+VLLM_RELEASE = tuple(int(x) for x in VLLM_VERSION.split("+")[0].split(".")[:2])
 SPEC = dataclasses.replace(ModelSpec.from_hf_config(cpu.LLAMA, dtype="bfloat16"), name="tiny-llama")
 M = {"model": "tiny-llama"}
 PHASES = ("prefill", "decode", "mixed")
@@ -251,7 +254,8 @@ def test_a_speculative_verify_step_is_a_decode(tmp_path: Path) -> None:
     """vLLM's n-gram speculative decoding: each decode schedules its token plus 2 drafts to verify."""
     from vllm.config import SpeculativeConfig, VllmConfig
 
-    base = cpu.engine_config(tmp_path)
+    sync = VLLM_RELEASE < (0, 33)  # vLLM 0.26 runs n-gram drafts only without async scheduling
+    base = cpu.engine_config(tmp_path, async_scheduling=False if sync else None)
     cfg = VllmConfig(model_config=base.model_config, device_config=base.device_config,
                      scheduler_config=base.scheduler_config, cache_config=base.cache_config,
                      parallel_config=base.parallel_config,
@@ -261,10 +265,22 @@ def test_a_speculative_verify_step_is_a_decode(tmp_path: Path) -> None:
     try:
         runner = core.model_executor.driver_worker.worker.model_runner
         runner.seen.clear()
+        runner.drafts = 2 if sync else 0  # without async scheduling the worker's drafter proposes them
         cpu.run_requests(core)
     finally:
         stop(core)
     assert all(len(d) == 2 for so in runner.seen[1:] for d in so.scheduled_spec_decode_tokens.values())
+    if sync:
+        # each step scheduled after the previous one's output: a decoding sequence's context is what it has
+        # computed (every draft rejected: one token a step) plus its 1 + 2 tokens
+        assert [step_shape(so) for so in runner.seen] == [
+            StepShape((100, 28), 0, 0, 0, 0),
+            StepShape((123, 2), 28, 1, 3, 100 + 3),
+            StepShape((77,), 123, 2, 6, (101 + 3) + (30 + 3)),
+            StepShape((), 0, 2, 6, (31 + 3) + (200 + 3)),
+            StepShape((), 0, 1, 3, 201 + 3),
+        ]
+        return
     # as in EXPECTED, with 1 + 2 tokens per decoding sequence (and 2 fewer prompt tokens fitting step 2)
     assert [step_shape(so) for so in runner.seen] == [
         StepShape((100, 28), 0, 0, 0, 0),
@@ -290,11 +306,14 @@ def test_a_resumed_request_recomputes_as_a_prefill() -> None:
 @pytest.fixture
 def no_plugin() -> Iterator[None]:
     """vLLM's WorkerWrapperBase as if perfsdk's general plugin had not loaded (VLLM_PLUGINS without it)."""
-    wrapped = WorkerWrapperBase.init_device
     vllm_worker.unregister()
     assert not vllm_worker.installed()
     yield
-    WorkerWrapperBase.init_device = wrapped
+    with pytest.MonkeyPatch.context() as mp:  # installed again whatever the test set
+        mp.delenv("PERFSDK_ENABLED", raising=False)
+        mp.setattr(vllm, "__version__", VLLM_VERSION)
+        vllm_worker.register()
+    assert vllm_worker.installed()
 
 
 def make_worker(cfg: Any) -> WorkerWrapperBase:
@@ -312,6 +331,9 @@ def test_the_worker_extension_class_hooks_the_worker(tmp_path: Path, no_plugin: 
                             extension="perfsdk.engines.vllm.worker.PerfsdkWorkerExtension")
     wrapper = make_worker(cfg)  # vLLM's init_worker mixes the class in; its init_device calls init_worker_extension
     try:
+        if VLLM_RELEASE < (0, 33):  # vLLM 0.26 calls no init_worker_extension: the extension's RPC methods only
+            assert vllm_worker.hook_of(wrapper) is None
+            run_method(wrapper, "init_worker_extension", (), {})  # what vLLM 0.33 calls there
         hook = vllm_worker.hook_of(wrapper)
         assert hook is not None and not hook.ready
         assert run_method(wrapper, "compile_or_warm_up_model", (), {}) is not None  # as the executor calls it
@@ -349,15 +371,86 @@ def test_profile_by_collective_rpc_reaches_the_ranks_window(tmp_path: Path, no_p
 def test_another_vllm_version_gets_a_message_naming_the_range(monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture,
                                                               no_plugin: None) -> None:
-    assert vllm_config.version_problem("0.33.2") is None
-    assert vllm_config.version_problem("0.33.0+cu129") is None
-    for other in ("0.34.0", "0.32.1", "1.0.0"):
-        assert "vllm>=0.33,<0.34" in (vllm_config.version_problem(other) or "")
+    hook = vllm_worker.VllmWorkerInstrumentor()
+    for ok in ("0.26.0", "0.29.1", "0.33.2", "0.33.0+cu129"):
+        assert hook.dependency_problem({"vllm": ok}) is None
+    for other in ("0.34.0", "0.25.1", "1.0.0"):
+        assert "vllm>=0.26,<0.34" in (hook.dependency_problem({"vllm": other}) or "")
     monkeypatch.setattr(vllm, "__version__", "0.35.1")
     with caplog.at_level(logging.WARNING, logger="perfsdk"):
         vllm_worker.register()
     assert not vllm_worker.installed()
-    assert "vllm 0.35.1 is outside the range perfsdk's vllm integration supports (vllm>=0.33,<0.34)" in caplog.text
+    assert "vllm 0.35.1 is outside the range perfsdk's vllm integration supports (vllm>=0.26,<0.34)" in caplog.text
+    assert not is_ours(WorkerWrapperBase.__dict__["init_device"])  # nothing was patched
+
+
+def test_ci_tests_the_oldest_and_the_newest_supported_release() -> None:
+    """constraints/vllm-VERSION-cpu.txt are the releases scripts/test_engine.sh runs: the range's ends."""
+    from perfsdk.engines.instrumentor import Requirement
+
+    req = Requirement.parse(vllm_worker.VllmWorkerInstrumentor._instruments[0])
+    tested = sorted(tuple(int(x) for x in p.name.split("-")[1].split("."))
+                    for p in (Path(__file__).parents[2] / "constraints").glob("vllm-*-cpu.txt"))
+    low = next(v for op, v in req.clauses if op == ">=")
+    high = next(v for op, v in req.clauses if op == "<")
+    assert tested[0][:len(low)] == low  # the oldest supported minor release
+    assert tested[-1][:2] == (high[0], high[1] - 1)  # the newest: the minor release below the bound
+    assert VLLM_RELEASE in [v[:2] for v in tested]  # and this run is one of them
+
+
+def test_register_twice_wraps_once_and_unregister_unhooks_the_workers(tmp_path: Path) -> None:
+    """unregister undoes register: vLLM's init_device back, and each worker it hooked with its own methods back."""
+    vllm_worker.register()
+    vllm_worker.register()
+    wrapped = WorkerWrapperBase.__dict__["init_device"]
+    assert is_ours(wrapped) and not is_ours(wrapped.__wrapped__)  # one perfsdk wrapper, around vLLM's own
+    wrapper = make_worker(cpu.engine_config(tmp_path))
+    try:
+        hook = vllm_worker.hook_of(wrapper)
+        assert hook is not None
+        hook.ready = True
+        wrapper.execute_model(cpu.warmup_output())
+        wrapper.sample_tokens(None)
+        assert hook.steps == 1
+        vllm_worker.unregister()
+        vllm_worker.unregister()  # twice: nothing more to undo
+        assert WorkerWrapperBase.__dict__["init_device"] is wrapped.__wrapped__
+        assert vllm_worker.hook_of(wrapper) is None
+        for name in ("execute_model", "sample_tokens", "compile_or_warm_up_model"):
+            assert name not in vars(wrapper.worker)  # the class's own methods show again
+            assert getattr(wrapper.worker, name).__func__ is getattr(type(wrapper.worker), name)
+        wrapper.execute_model(cpu.warmup_output())
+        assert wrapper.sample_tokens(None).req_ids == ["warmup"]
+        assert hook.steps == 1  # no longer recorded
+    finally:
+        vllm_worker.register()
+        shutdown_dist()
+    assert vllm_worker.installed()
+
+
+def test_unregister_leaves_a_wrapper_another_library_put_on_top_alone(tmp_path: Path) -> None:
+    import wrapt
+
+    def theirs(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return wrapped(*args, **kwargs)
+
+    vllm_worker.register()
+    ours = WorkerWrapperBase.__dict__["init_device"]
+    wrapt.wrap_function_wrapper(WorkerWrapperBase, "init_device", theirs)
+    try:
+        vllm_worker.unregister()
+        top = WorkerWrapperBase.__dict__["init_device"]
+        assert top.__wrapped__ is ours  # theirs stays where it was, around perfsdk's
+        assert not vllm_worker.installed()
+        wrapper = make_worker(cpu.engine_config(tmp_path))  # through theirs and perfsdk's, which passes through
+        try:
+            assert vllm_worker.hook_of(wrapper) is None
+        finally:
+            shutdown_dist()
+    finally:
+        WorkerWrapperBase.init_device = ours.__wrapped__
+        vllm_worker.register()
+    assert is_ours(WorkerWrapperBase.__dict__["init_device"])
 
 
 def test_perfsdk_enabled_0_installs_nothing(monkeypatch: pytest.MonkeyPatch, no_plugin: None) -> None:

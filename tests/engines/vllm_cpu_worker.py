@@ -33,7 +33,7 @@ from vllm.platforms.interface import UnspecifiedPlatform
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.kv_cache_interface import FullAttentionSpec
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunnerOutput
 from vllm.v1.worker import gpu_worker
 from vllm.v1.worker.worker_base import CompilationTimes
 
@@ -52,13 +52,15 @@ class StubRunner:
         self._pending: SchedulerOutput | None = None
         self._w = torch.ones(64, 64)
         self.fail_next = False
+        self.drafts = 0  # > 0: propose this many draft tokens per sampled request (n-gram speculation, sync)
+        self._sampled: list[str] = []
 
     def execute_model(self, so: SchedulerOutput, intermediate_tensors: Any = None) -> ModelRunnerOutput | None:
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("the model failed")
         for r in so.scheduled_new_reqs:
-            self.prompt_len[r.req_id] = r.prompt_len
+            self.prompt_len[r.req_id] = len(r.prompt_token_ids or ())  # (0.33 also has .prompt_len; 0.26 not)
         if so.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT  # no forward: vLLM's runner returns its output right away
         self.seen.append(so)
@@ -74,8 +76,17 @@ class StubRunner:
         computed.update(zip(c.req_ids, c.num_computed_tokens, strict=True))
         ids = list(so.num_scheduled_tokens)
         sampled = [[7] if computed[r] + so.num_scheduled_tokens[r] >= self.prompt_len[r] else [] for r in ids]
+        self._sampled = [r for r, s in zip(ids, sampled, strict=True) if s]
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                  sampled_token_ids=sampled)
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafter's proposals after a step (what vLLM's engine core asks for without async scheduling):
+        *drafts* tokens for each request that sampled one, all to be rejected (the sampler returns one token)."""
+        if not self.drafts or not self._sampled:
+            return None
+        ids, self._sampled = self._sampled, []
+        return DraftTokenIds(req_ids=ids, draft_token_ids=[[7] * self.drafts for _ in ids])
 
     def shutdown(self) -> None:
         pass
@@ -141,7 +152,8 @@ BUDGET = 128  # tokens per step (--max-num-batched-tokens): the 200-token prompt
 
 
 def engine_config(model_dir: Path, *, worker_cls: str = "vllm_cpu_worker.CpuWorker", tp: int = 1,
-                  backend: str | None = None, extension: str | None = None) -> VllmConfig:
+                  backend: str | None = None, extension: str | None = None,
+                  async_scheduling: bool | None = None) -> VllmConfig:
     """``vllm serve MODEL_DIR --max-num-batched-tokens 128 --no-enable-prefix-caching`` and otherwise vLLM's
     defaults: async scheduling on, chunked prefill on."""
     (model_dir / "config.json").write_text(json.dumps(LLAMA))
@@ -149,7 +161,7 @@ def engine_config(model_dir: Path, *, worker_cls: str = "vllm_cpu_worker.CpuWork
         model_config=ModelConfig(model=str(model_dir), served_model_name="tiny-llama", skip_tokenizer_init=True),
         device_config=DeviceConfig(device="cpu"),
         scheduler_config=SchedulerConfig(max_model_len=4096, max_num_batched_tokens=BUDGET, max_num_seqs=8,
-                                         is_encoder_decoder=False),
+                                         is_encoder_decoder=False, async_scheduling=async_scheduling),
         cache_config=CacheConfig(block_size=16, enable_prefix_caching=False),
         parallel_config=ParallelConfig(worker_cls=worker_cls, tensor_parallel_size=tp,
                                        distributed_executor_backend=backend, worker_extension_cls=extension or ""),
@@ -167,7 +179,8 @@ def run_requests(core: Any) -> int:
     steps = 0
     step = core.step_with_batch_queue if core.batch_queue is not None else core.step
     while core.scheduler.has_requests() or core.batch_queue:
-        step()
+        _, executed = step()
+        core.post_step(executed)  # as vLLM's busy loop does after each step (drafts, without async scheduling)
         steps += 1
         assert steps < 100, "the engine did not finish the requests"
     return steps

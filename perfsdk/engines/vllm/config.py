@@ -1,7 +1,5 @@
 """What perfsdk's vLLM integration reads from vLLM and the environment, in one place.
 
-* :data:`SUPPORTED` / :func:`version_problem`: the vLLM releases this integration was written and
-  tested against (it reads vLLM's worker and scheduler classes, which change between minor releases).
 * :func:`model_of`: the per-GPU :class:`~perfsdk.model.ModelSpec` and served name of a ``VllmConfig``
   (the Hugging Face config vLLM loaded, at the quantized width of a quantized checkpoint, the KV cache
   at ``--kv-cache-dtype``, split over ``--tensor-parallel-size``).
@@ -15,27 +13,14 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from perfsdk.config import env
-from perfsdk.engines import _common
 
 if TYPE_CHECKING:
     from perfsdk.hardware import HardwareSpec
     from perfsdk.model import ModelSpec
 
-__all__ = ["SUPPORTED", "hardware_of", "model_of", "version_problem"]
+__all__ = ["hardware_of", "model_of"]
 
 log = logging.getLogger("perfsdk")
-
-SUPPORTED = ((0, 33), (0, 34))  # vLLM >= 0.33, < 0.34: the range the CI suite runs (0.33.0)
-
-
-def version_problem(version: str | None = None) -> str | None:
-    """None when *version* (default: the installed vLLM's) is in :data:`SUPPORTED`, else why not."""
-    if version is None:
-        import vllm
-
-        version = str(getattr(vllm, "__version__", ""))
-    return _common.version_problem("vllm", version, *SUPPORTED)
-
 
 def model_of(vllm_config: Any) -> tuple[ModelSpec | None, str | None]:
     """(the per-GPU ModelSpec or None, the served model name) of a ``VllmConfig``."""

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfsdk.engines import split_evenly
 from perfsdk.engines._common import count_error
-from perfsdk.engines.vllm.config import hardware_of, model_of, version_problem
+from perfsdk.engines.vllm.config import hardware_of, model_of
 from perfsdk.errors import MissingDependencyError
 
 try:
@@ -105,7 +105,9 @@ class PerfsdkStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untype
         self._steps_timed = False
         self._warned_no_steps = True
         try:
-            problem = version_problem()
+            from perfsdk.engines.vllm.worker import VllmWorkerInstrumentor
+
+            problem = VllmWorkerInstrumentor().dependency_problem()  # the one declared range
             if problem is not None:
                 log.warning("perfsdk: %s: the stat logger may misread its stats", problem)
             self.monitor = monitor_for(vllm_config)

@@ -2,10 +2,11 @@
 
 **Loaded by vLLM itself.** perfsdk registers :func:`register` under vLLM's ``vllm.general_plugins``
 entry point (name ``perfsdk_worker``), which vLLM loads in every process it starts. ``register``
-wraps ``WorkerWrapperBase.init_device`` — nothing else — so that in each worker process, once vLLM
-has set the device and the distributed groups up, :func:`attach` hooks that worker. Worker processes
-are forked by default, inheriting the wrapped class; everything per process (the Monitor, its
-collector thread, a metrics port) is made there, lazily, after ``init_device``. No flag is needed::
+(:class:`VllmWorkerInstrumentor`) wraps ``WorkerWrapperBase.init_device`` — nothing else — so that in
+each worker process, once vLLM has set the device and the distributed groups up, :func:`attach` hooks
+that worker. Worker processes are forked by default, inheriting the wrapped class; everything per
+process (the Monitor, its collector thread, a metrics port) is made there, lazily, after
+``init_device``. No flag is needed::
 
     pip install perfsdk        # in vLLM's environment
     PROMETHEUS_MULTIPROC_DIR=$(mktemp -d) PERFSDK_HARDWARE=h200 vllm serve meta-llama/Llama-3.1-8B-Instruct
@@ -13,6 +14,10 @@ collector thread, a metrics port) is made there, lazily, after ``init_device``. 
 The explicit alternative (with the plugin filtered out by ``VLLM_PLUGINS``, or just to say it)::
 
     vllm serve ... --worker-extension-cls perfsdk.engines.vllm.worker.PerfsdkWorkerExtension
+
+(vLLM 0.33 calls the extension's ``init_worker_extension`` after ``init_device``, which hooks the worker;
+vLLM 0.26 does not call it, so there the plugin hooks the workers and the extension adds only its
+``collective_rpc`` methods.)
 
 **One step.** vLLM runs a step on a worker as ``Worker.execute_model(scheduler_output)`` followed by
 ``Worker.sample_tokens(grammar_output)``, on the worker's thread and its current CUDA stream (with the
@@ -55,15 +60,20 @@ range ``perfsdk.prefill`` / ``perfsdk.decode`` / ``perfsdk.mixed`` on the worker
 
 **Never breaks vLLM.** Every hook body is guarded: a perfsdk failure is counted in
 ``perfsdk_internal_errors_total`` and logged once, and the vLLM call goes on; vLLM's own exceptions
-pass through unchanged. On a vLLM outside :data:`~perfsdk.engines.vllm.config.SUPPORTED` the plugin
-logs which range it supports and installs nothing. ``PERFSDK_ENABLED=0`` turns it off;
-:func:`unregister` and :meth:`WorkerHook.detach` undo it.
+pass through unchanged. The supported releases are one line, :class:`VllmWorkerInstrumentor`'s
+``_instruments`` (``vllm >= 0.26, < 0.34``; CI runs 0.26.0 and 0.33.0): on another the plugin logs which
+range it supports and patches nothing. ``PERFSDK_ENABLED=0`` turns it off.
+
+**Undo.** Every patch is a ``wrapt`` wrapper marked as perfsdk's (:mod:`perfsdk.engines.instrumentor`):
+:func:`unregister` puts ``WorkerWrapperBase.init_device`` back and detaches every worker hooked in the
+process (their own methods back, no more steps recorded); :meth:`WorkerHook.detach` does it for one
+worker. Both restore only what still carries perfsdk's marker, and both may be called twice.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from perfsdk.engines._common import (
@@ -74,68 +84,78 @@ from perfsdk.engines._common import (
     exit_step,
     process_monitor,
 )
+from perfsdk.engines.instrumentor import Instrumentor, guard, unwrap, wrap
 from perfsdk.engines.vllm.batch import step_shape
-from perfsdk.engines.vllm.config import hardware_of, model_of, version_problem
+from perfsdk.engines.vllm.config import hardware_of, model_of
 
 if TYPE_CHECKING:
     from perfsdk.monitor import Monitor
 
-__all__ = ["PerfsdkWorkerExtension", "WorkerHook", "attach", "installed", "profile", "register", "unregister"]
+__all__ = [
+    "PerfsdkWorkerExtension",
+    "VllmWorkerInstrumentor",
+    "WorkerHook",
+    "attach",
+    "installed",
+    "profile",
+    "register",
+    "unregister",
+]
 
 log = logging.getLogger("perfsdk")
 
 _HOOK_ATTR = "_perfsdk_hook"  # on the worker instance: its WorkerHook (attach is idempotent)
-_ORIGINAL_ATTR = "_perfsdk_original"  # on the wrapped init_device: vLLM's own
+_WRAPPED = ("execute_model", "sample_tokens", "compile_or_warm_up_model")  # per worker: WorkerHook's methods
+_HOOKS: weakref.WeakSet[WorkerHook] = weakref.WeakSet()  # every worker hooked in this process
+
+
+class VllmWorkerInstrumentor(Instrumentor):
+    """Wraps ``WorkerWrapperBase.init_device`` so that each worker is hooked right after vLLM set it up;
+    uninstalling unwraps it and detaches every worker hooked in this process."""
+
+    name = "vLLM worker hook"
+    _instruments = ("vllm >= 0.26, < 0.34",)  # CI runs the oldest and the newest (scripts/test_engine.sh)
+
+    def _install(self) -> None:
+        from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+        wrap(WorkerWrapperBase, "init_device", _init_device)
+
+    def _uninstall(self) -> None:
+        from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+        unwrap(WorkerWrapperBase, "init_device")
+        for hook in list(_HOOKS):
+            hook.detach()
+
+
+def _init_device(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    result = wrapped(*args, **kwargs)  # vLLM's own: its exceptions are its own
+    # uninstalled, but another library's wrapper put on top keeps this one in the chain: pass through
+    if VllmWorkerInstrumentor().installed:
+        with guard(None, "vLLM worker hook not attached"):  # attach guards itself; this is for what it could not
+            attach(instance.worker)
+    return result
 
 
 def installed() -> bool:
     """Whether :func:`register` has wrapped vLLM's ``WorkerWrapperBase.init_device`` (in this process)."""
-    try:
-        from vllm.v1.worker.worker_base import WorkerWrapperBase
-    except Exception:
-        return False
-    return hasattr(WorkerWrapperBase.init_device, _ORIGINAL_ATTR)
+    return bool(VllmWorkerInstrumentor().installed)
 
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: vLLM calls it once in every process it starts.
 
-    Wraps ``WorkerWrapperBase.init_device`` so that each worker is hooked right after vLLM set it up.
-    Idempotent; never raises (vLLM would log the failure and carry on, but there is nothing to fail).
+    Installs :class:`VllmWorkerInstrumentor`: idempotent; on a vLLM outside its range it logs which range
+    it supports and patches nothing; never raises.
     """
-    try:
-        if not enabled() or installed():
-            return
-        problem = version_problem()
-        if problem is not None:
-            log.warning("perfsdk: %s: the worker hook is not installed (no device-time steps, MBU or MFU)", problem)
-            return
-        from vllm.v1.worker.worker_base import WorkerWrapperBase
-
-        original = WorkerWrapperBase.init_device
-
-        @functools.wraps(original)
-        def init_device(self: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(self, *args, **kwargs)  # vLLM's own: its exceptions are its own
-            try:
-                attach(self.worker)
-            except Exception as e:  # attach guards itself; this is for what it could not
-                log.error("perfsdk: vLLM worker hook not attached: %s", e)
-            return result
-
-        setattr(init_device, _ORIGINAL_ATTR, original)
-        WorkerWrapperBase.init_device = init_device
-    except Exception as e:
-        log.error("perfsdk: vLLM worker hook not installed: %s", e)
+    VllmWorkerInstrumentor().install()
 
 
 def unregister() -> None:
-    """Put vLLM's ``WorkerWrapperBase.init_device`` back (workers already hooked stay hooked)."""
-    from vllm.v1.worker.worker_base import WorkerWrapperBase
-
-    original = getattr(WorkerWrapperBase.init_device, _ORIGINAL_ATTR, None)
-    if original is not None:
-        WorkerWrapperBase.init_device = original
+    """Undo :func:`register`: vLLM's ``WorkerWrapperBase.init_device`` back, and every worker this process
+    hooked given its own methods back (their steps are no longer recorded)."""
+    VllmWorkerInstrumentor().uninstall()
 
 
 def worker_monitor(vllm_config: Any) -> Monitor:
@@ -161,8 +181,8 @@ def _local_device() -> int:
 
 class WorkerHook:
     """One vLLM worker's steps as perfsdk steps: wraps the worker's ``execute_model``,
-    ``sample_tokens`` and ``compile_or_warm_up_model`` (instance attributes; :meth:`detach` removes
-    them). Made by :func:`attach`; see the module docstring for what is measured.
+    ``sample_tokens`` and ``compile_or_warm_up_model`` (``wrapt`` wrappers set on the instance;
+    :meth:`detach` removes them). Made by :func:`attach`; see the module docstring for what is measured.
 
     Counters (plain ints, for tests and ``perfsdk_stats``): ``steps`` recorded, ``warmup`` calls seen
     before the model was warm (not recorded), ``unpaired`` steps that had to be closed by the next
@@ -177,29 +197,29 @@ class WorkerHook:
         self.warmup = 0
         self.unpaired = 0
         self._open: Any = None  # the step entered by execute_model, to exit when sample_tokens returns
-        self._execute = worker.execute_model
-        self._sample = worker.sample_tokens
-        self._warm_up = worker.compile_or_warm_up_model
-        worker.execute_model = self.execute_model
-        worker.sample_tokens = self.sample_tokens
-        worker.compile_or_warm_up_model = self.compile_or_warm_up_model
+        for name in _WRAPPED:  # on this worker only (instance attributes), each marked as perfsdk's
+            wrap(worker, name, getattr(self, name))
         setattr(worker, _HOOK_ATTR, self)
+        _HOOKS.add(self)
 
     def detach(self) -> None:
-        """Give the worker its own methods back."""
-        for name in ("execute_model", "sample_tokens", "compile_or_warm_up_model", _HOOK_ATTR):
-            try:
-                delattr(self.worker, name)
-            except AttributeError:
-                pass
+        """Give the worker its own methods back (those that still carry perfsdk's wrapper); idempotent."""
+        for name in _WRAPPED:
+            unwrap(self.worker, name)
+        if getattr(self.worker, _HOOK_ATTR, None) is self:
+            delattr(self.worker, _HOOK_ATTR)
+        self._close(None)
+        _HOOKS.discard(self)
 
-    # ---- the wrapped methods (the worker's thread) -------------------------
-    def compile_or_warm_up_model(self, *args: Any, **kwargs: Any) -> Any:
-        result = self._warm_up(*args, **kwargs)
+    # ---- the wrapped methods (the worker's thread), as wrapt calls them -----
+    def compile_or_warm_up_model(self, wrapped: Any, instance: Any, args: tuple[Any, ...],
+                                 kwargs: dict[str, Any]) -> Any:
+        result = wrapped(*args, **kwargs)
         self.ready = True
         return result
 
-    def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+    def execute_model(self, wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        scheduler_output = args[0] if args else kwargs.get("scheduler_output")
         step = None
         if self.ready:
             if self._open is not None:
@@ -209,7 +229,7 @@ class WorkerHook:
         elif scheduler_output is not None:
             self.warmup += 1
         try:
-            out = self._execute(scheduler_output, *args, **kwargs)
+            out = wrapped(*args, **kwargs)
         except BaseException as e:
             if step is not None:
                 self._end(step, e)
@@ -221,9 +241,9 @@ class WorkerHook:
                 self._end(step, None)  # its output is back: no sample_tokens follows
         return out
 
-    def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:
+    def sample_tokens(self, wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
-            out = self._sample(*args, **kwargs)
+            out = wrapped(*args, **kwargs)
         except BaseException as e:
             self._close(e)
             raise
@@ -313,10 +333,11 @@ class PerfsdkWorkerExtension:
 
     def init_worker_extension(self) -> None:
         try:
-            if version_problem() is not None:
-                log.warning("perfsdk: %s: the worker extension does nothing", version_problem())
-                return
-        except Exception:
+            problem = VllmWorkerInstrumentor().dependency_problem()
+        except Exception as e:
+            problem = str(e)
+        if problem is not None:
+            log.warning("perfsdk: %s: the worker extension does nothing", problem)
             return
         attach(self)
 
