@@ -67,6 +67,7 @@ A failed constructor leaves nothing running; calls on a closed Monitor are count
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -424,13 +425,10 @@ class Monitor:
         return exposition(self.registry)
 
     def count_error(self, exc: BaseException, where: str) -> None:
-        """Count a failure of code that instruments with this Monitor (an engine hook, a stat logger, your own
-        wrapper) as perfsdk counts its own: one more ``perfsdk_internal_errors_total``, the traceback logged
-        once per *where*. Never raises; the caller carries on, as serving should."""
-        try:
+        """Count a failure of code instrumenting with this Monitor (an engine hook, your own wrapper) as perfsdk
+        counts its own: ``perfsdk_internal_errors_total`` + 1, logged once per *where*. Never raises."""
+        with contextlib.suppress(Exception):
             self._errors.record(exc, where)
-        except Exception:
-            pass
 
     def stats(self) -> dict[str, Any]:
         """Rolling per-phase statistics (last few thousand steps) and the SDK's health counters (``dropped_records``,
@@ -492,12 +490,10 @@ class Monitor:
 
     def cancel_profile(self, reason: str = "cancelled") -> bool:
         """Cancel the capture under way (armed: now; running: at the next step); False if there is none."""
-        w = self._recorder.window
-        return False if w is None else bool(w.cancel(reason))
+        return False if (w := self._recorder.window) is None else bool(w.cancel(reason))
 
     def window_deps(self) -> tuple[ErrorGuard, Callable[[float | None, float | None], None] | None, str]:
-        """What a profiler window needs from its Monitor: the error guard, the profile gauges' setter
-        (GPU busy and communication fractions of the last capture), the rank."""
+        """A profiler window's needs: the error guard, the last capture's gauges' setter, the rank."""
         prom, rank = self._parts.prom, self._parts.rank_label
         return self._errors, prom.set_profile if prom is not None else None, rank[0] if rank else "0"
 
