@@ -11,8 +11,12 @@ setup(
     ext_modules=[
         Extension(
             "perfsdk._native",
-            sources=["perfsdk/csrc/module.c", "perfsdk/csrc/records.c", "perfsdk/csrc/stepcore.c",
-                     "perfsdk/csrc/hotpath.c"],
+            sources=[
+                "perfsdk/csrc/module.c",
+                "perfsdk/csrc/records.c",
+                "perfsdk/csrc/stepcore.c",
+                "perfsdk/csrc/hotpath.c",
+            ],
             depends=["perfsdk/csrc/native.h"],
             optional=True,
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wno-missing-field-initializers"],

@@ -148,8 +148,7 @@ def write_synthetic_trace(path: Path, target_bytes: int) -> dict[str, Any]:
 
 def _code_at(ref: str, into: Path) -> Path:
     """``perfsdk/`` as of git *ref*, unpacked under *into* (to put first on PYTHONPATH)."""
-    blob = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "perfsdk"], check=True,
-                          capture_output=True).stdout
+    blob = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "perfsdk"], check=True, capture_output=True).stdout
     with tarfile.open(fileobj=BytesIO(blob)) as tar:
         tar.extractall(into, filter="data")
     return into
@@ -158,8 +157,14 @@ def _code_at(ref: str, into: Path) -> Path:
 def measure(trace: Path, code: Path, parser: str = "auto") -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(code))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(trace), parser], env=env, cwd=str(code),
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(trace), parser],
+        env=env,
+        cwd=str(code),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     wall = time.perf_counter() - t0
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     if not Path(out.pop("perfsdk_file")).resolve().is_relative_to(code.resolve()):
@@ -184,8 +189,11 @@ def main() -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[20, 50, 200], help="trace sizes in MB (1e6 bytes)")
     ap.add_argument("--before", metavar="GIT_REF", help="also measure perfsdk/ as of this commit")
     ap.add_argument("--before-max-mb", type=int, default=10**9, help="measure --before only up to this size")
-    ap.add_argument("--stdlib", action="store_true",
-                    help="also measure the current code with the standard library's parser (no msgspec)")
+    ap.add_argument(
+        "--stdlib",
+        action="store_true",
+        help="also measure the current code with the standard library's parser (no msgspec)",
+    )
     ap.add_argument("--repeats", type=int, default=1, help="runs per size and code (median reported)")
     ap.add_argument("--traces", type=Path, default=None, help="where to write the traces (kept)")
     ap.add_argument("--out", type=Path, default=None, help="write the results JSON here")
@@ -199,14 +207,22 @@ def main() -> int:
         codes = {"before": (_code_at(args.before, tmp / "before"), "auto"), "after": (ROOT, "auto")}
     if args.stdlib:
         codes["after_stdlib"] = (ROOT, "json")
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=False).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     result: dict[str, Any] = {
         "benchmark": "analyze_scaling",
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "processor": _cpu_name()},
-        "code": {"after": f"working tree at {head} (msgspec when installed)", "before": args.before,
-                 "after_stdlib": "the same, load_trace(parser='json')" if args.stdlib else None},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "processor": _cpu_name(),
+        },
+        "code": {
+            "after": f"working tree at {head} (msgspec when installed)",
+            "before": args.before,
+            "after_stdlib": "the same, load_trace(parser='json')" if args.stdlib else None,
+        },
         "template": str(TEMPLATE.relative_to(ROOT)),
         "sizes": [],
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -227,8 +243,11 @@ def main() -> int:
                     continue
                 r = measure(path, code, parser)
                 runs[name].append(r)
-                print(f"   {name:6s} {r['analyze_s']:8.2f} s  {r['peak_rss_bytes'] / 2**20:8.0f} MiB  "
-                      f"{r['steps']} steps", file=sys.stderr, flush=True)
+                print(
+                    f"   {name:6s} {r['analyze_s']:8.2f} s  {r['peak_rss_bytes'] / 2**20:8.0f} MiB  {r['steps']} steps",
+                    file=sys.stderr,
+                    flush=True,
+                )
         row: dict[str, Any] = {"mb": mb, **info}
         for name, rs in runs.items():
             if rs:
@@ -245,8 +264,7 @@ def main() -> int:
     if not args.traces:
         for p in [*traces.glob("synthetic_*.json"), *traces.glob("synthetic_*.info")]:
             p.unlink()
-    print(json.dumps([{k: v for k, v in r.items() if k not in ("before", "after")} for r in result["sizes"]],
-                     indent=2))
+    print(json.dumps([{k: v for k, v in r.items() if k not in ("before", "after")} for r in result["sizes"]], indent=2))
     return 0
 
 

@@ -94,8 +94,11 @@ def name_python_threads() -> None:
 
 def environment() -> dict[str, Any]:
     env: dict[str, Any] = {
-        "python": platform.python_version(), "torch": torch.__version__, "perfsdk": perfsdk.__version__,
-        "perfsdk_path": os.path.dirname(perfsdk.__file__), "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "perfsdk": perfsdk.__version__,
+        "perfsdk_path": os.path.dirname(perfsdk.__file__),
+        "host": platform.node(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "perf_counter_ns_cost": median_ns(time.perf_counter_ns, 20000),
     }
@@ -104,8 +107,13 @@ def environment() -> dict[str, Any]:
         env["cuda"] = torch.version.cuda
         q = "name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.limit"
         try:
-            out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=20, check=False).stdout.strip()
+            out = subprocess.run(
+                ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            ).stdout.strip()
             env["nvidia_smi"] = dict(zip(q.split(","), [s.strip() for s in out.split(",")], strict=False))
         except Exception as e:
             env["nvidia_smi_error"] = repr(e)
@@ -122,8 +130,15 @@ def make_monitor(spec: ModelSpec, hw: Any, **kw: Any) -> perfsdk.Monitor:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))
     kw.setdefault("nvtx", "auto")
-    mon = perfsdk.Monitor(model=spec, hardware=hw, registry=CollectorRegistry(), tracer_provider=provider,
-                          step_span_rate=0.01, model_name="bench-1b", **kw)
+    mon = perfsdk.Monitor(
+        model=spec,
+        hardware=hw,
+        registry=CollectorRegistry(),
+        tracer_provider=provider,
+        step_span_rate=0.01,
+        model_name="bench-1b",
+        **kw,
+    )
     name_python_threads()
     return mon
 
@@ -151,14 +166,19 @@ def call_costs(spec: ModelSpec, hw: Any, hot_path: str | None) -> dict[str, Any]
     req.finish()
     torch.cuda.synchronize()
     mon.flush(60)
-    out = {"decode_enter_exit_ns": statistics.median(samples), "request_tokens_1_ns": tokens_ns,
-           "hot_path": hot_path_of(mon), "internal_errors": mon.stats()["internal_errors"]}
+    out = {
+        "decode_enter_exit_ns": statistics.median(samples),
+        "request_tokens_1_ns": tokens_ns,
+        "hot_path": hot_path_of(mon),
+        "internal_errors": mon.stats()["internal_errors"],
+    }
     mon.close()
     return out
 
 
-def run_loop(mon: perfsdk.Monitor | None, step: Callable[[], object], steps: int, batch: int,
-             ctx: int, time_calls: bool = False) -> dict[str, float]:
+def run_loop(
+    mon: perfsdk.Monitor | None, step: Callable[[], object], steps: int, batch: int, ctx: int, time_calls: bool = False
+) -> dict[str, float]:
     """One run of *steps* steps (bare when *mon* is None). *time_calls*: also time perfsdk's own calls on the
     serving thread (clock reads around enter and exit; a separate run, so the others carry no timer)."""
     torch.cuda.synchronize()
@@ -187,14 +207,19 @@ def run_loop(mon: perfsdk.Monitor | None, step: Callable[[], object], steps: int
     gil = sum(c1.get(n, 0) - c0.get(n, 0) for n in GIL_THREADS)
     native = sum(c1.get(n, 0) - c0.get(n, 0) for n in NATIVE_THREADS)
     other = sum(v - c0.get(n, 0) for n, v in c1.items() if n not in GIL_THREADS + NATIVE_THREADS)
-    return {"step_us": total / steps / 1e3, "serving_cpu_us": serving / steps / 1e3,
-            "perfsdk_calls_us": calls_ns / steps / 1e3,
-            "gil_threads_cpu_us": gil / steps / 1e3, "native_threads_cpu_us": native / steps / 1e3,
-            "other_perfsdk_cpu_us": other / steps / 1e3}
+    return {
+        "step_us": total / steps / 1e3,
+        "serving_cpu_us": serving / steps / 1e3,
+        "perfsdk_calls_us": calls_ns / steps / 1e3,
+        "gil_threads_cpu_us": gil / steps / 1e3,
+        "native_threads_cpu_us": native / steps / 1e3,
+        "other_perfsdk_cpu_us": other / steps / 1e3,
+    }
 
 
-def loops(model: Model, spec: ModelSpec, hw: Any, ctx: int, reps: int, hot_path: str | None,
-          which: list[str]) -> list[dict[str, Any]]:
+def loops(
+    model: Model, spec: ModelSpec, hw: Any, ctx: int, reps: int, hot_path: str | None, which: list[str]
+) -> list[dict[str, Any]]:
     results = []
     kw = {"hot_path": hot_path} if hot_path else {}
     for batch in (1, 8):
@@ -212,7 +237,7 @@ def loops(model: Model, spec: ModelSpec, hw: Any, ctx: int, reps: int, hot_path:
             bare: list[dict[str, float]] = []
             inst: list[dict[str, float]] = []
             for rep in range(reps):
-                for instrumented in ((False, True) if rep % 2 == 0 else (True, False)):
+                for instrumented in (False, True) if rep % 2 == 0 else (True, False):
                     if not instrumented:
                         bare.append(run_loop(None, step, steps, batch, ctx))
                         continue
@@ -235,8 +260,14 @@ def loops(model: Model, spec: ModelSpec, hw: Any, ctx: int, reps: int, hot_path:
             paired = [i["step_us"] / b["step_us"] - 1 for b, i in zip(bare, inst, strict=True)]
             b_us, i_us = med(bare, "step_us"), med(inst, "step_us")
             r = {
-                "batch": batch, "ctx": ctx, "loop": loop, "hot_path": hot_path_of(mon), "steps_per_run": steps,
-                "runs": reps, "bare_step_us": b_us, "instrumented_step_us": i_us,
+                "batch": batch,
+                "ctx": ctx,
+                "loop": loop,
+                "hot_path": hot_path_of(mon),
+                "steps_per_run": steps,
+                "runs": reps,
+                "bare_step_us": b_us,
+                "instrumented_step_us": i_us,
                 "end_to_end_overhead_pct": (i_us - b_us) / b_us * 100,
                 "paired_overhead_pct_median": statistics.median(paired) * 100,
                 "paired_overhead_pct_all": [p * 100 for p in paired],
@@ -244,24 +275,31 @@ def loops(model: Model, spec: ModelSpec, hw: Any, ctx: int, reps: int, hot_path:
                 "serving_cpu_us_instrumented": med(inst, "serving_cpu_us"),
                 "serving_cpu_added_us": med(inst, "serving_cpu_us") - med(bare, "serving_cpu_us"),
                 "serving_cpu_added_pct_of_step": (med(inst, "serving_cpu_us") - med(bare, "serving_cpu_us"))
-                / b_us * 100,
+                / b_us
+                * 100,
                 "perfsdk_calls_us_per_step": timed["perfsdk_calls_us"] - timer,
                 "perfsdk_calls_pct_of_step": (timed["perfsdk_calls_us"] - timer) / b_us * 100,
                 "gil_threads_cpu_us_per_step": med(inst, "gil_threads_cpu_us"),
                 "native_threads_cpu_us_per_step": med(inst, "native_threads_cpu_us"),
                 "other_perfsdk_cpu_us_per_step": med(inst, "other_perfsdk_cpu_us"),
-                "steps_run": (reps + 1) * steps, "steps_recorded": st["decode"]["steps"] - before,
-                "mbu_mean": st["decode"]["mbu_mean"], "step_ms_p50": st["decode"]["step_ms_p50"],
-                "dropped": st["dropped_records"], "internal_errors": st["internal_errors"],
+                "steps_run": (reps + 1) * steps,
+                "steps_recorded": st["decode"]["steps"] - before,
+                "mbu_mean": st["decode"]["mbu_mean"],
+                "step_ms_p50": st["decode"]["step_ms_p50"],
+                "dropped": st["dropped_records"],
+                "internal_errors": st["internal_errors"],
                 "zero_syncs_under_sync_debug_error": True if loop != "graph_synced" else None,
             }
             results.append(r)
-            print(f"  b{batch} {loop:13s} {r['hot_path']:6s} bare {b_us:8.1f} us  instr {i_us:8.1f} us "
-                  f"({r['end_to_end_overhead_pct']:+.2f}%, paired {r['paired_overhead_pct_median']:+.2f}%)  "
-                  f"calls {r['perfsdk_calls_us_per_step']:.2f} us  serving +{r['serving_cpu_added_us']:.2f} us  "
-                  f"GIL threads {r['gil_threads_cpu_us_per_step']:.2f} us  native "
-                  f"{r['native_threads_cpu_us_per_step']:.2f} us  recorded {r['steps_recorded']}/{r['steps_run']}  "
-                  f"errors {r['internal_errors']}", flush=True)
+            print(
+                f"  b{batch} {loop:13s} {r['hot_path']:6s} bare {b_us:8.1f} us  instr {i_us:8.1f} us "
+                f"({r['end_to_end_overhead_pct']:+.2f}%, paired {r['paired_overhead_pct_median']:+.2f}%)  "
+                f"calls {r['perfsdk_calls_us_per_step']:.2f} us  serving +{r['serving_cpu_added_us']:.2f} us  "
+                f"GIL threads {r['gil_threads_cpu_us_per_step']:.2f} us  native "
+                f"{r['native_threads_cpu_us_per_step']:.2f} us  recorded {r['steps_recorded']}/{r['steps_run']}  "
+                f"errors {r['internal_errors']}",
+                flush=True,
+            )
             mon.close()
     return results
 
@@ -301,10 +339,15 @@ def _tail(samples: list[tuple[int, int]], collections: list[tuple[int, int]]) ->
     slow = [(a, x) for a, x in samples if x > 20_000]
     in_gc = sum(1 for a, x in slow if any(g0 < a + x and g1 > a for g0, g1 in collections))
     worst_a, worst = max(samples, key=lambda s: s[1])
-    return {"worst_push_us": worst / 1e3, "p999_push_us": lat[int(n * 0.999)] / 1e3, "p50_push_us": lat[n // 2] / 1e3,
-            "pushes_over_20us": len(slow), "pushes_over_20us_during_gc": in_gc,
-            "worst_push_during_gc": any(g0 < worst_a + worst and g1 > worst_a for g0, g1 in collections),
-            "gc_collections": len(collections)}
+    return {
+        "worst_push_us": worst / 1e3,
+        "p999_push_us": lat[int(n * 0.999)] / 1e3,
+        "p50_push_us": lat[n // 2] / 1e3,
+        "pushes_over_20us": len(slow),
+        "pushes_over_20us_during_gc": in_gc,
+        "worst_push_during_gc": any(g0 < worst_a + worst and g1 > worst_a for g0, g1 in collections),
+        "gc_collections": len(collections),
+    }
 
 
 def overload(spec: ModelSpec, hw: Any, hot_path: str | None, timing: str) -> dict[str, Any]:
@@ -327,8 +370,16 @@ def overload(spec: ModelSpec, hw: Any, hot_path: str | None, timing: str) -> dic
     bare = _tail(*_push_latencies(n, bare_push))
     if timing == "cuda":
         bare_event = _tail(*_push_latencies(n, _raw_event_push()))
-    mon = perfsdk.Monitor(model=spec, hardware=hw, registry=CollectorRegistry(), otel=False, nvtx=False,
-                          timing=timing, queue_size=1000, **kw)
+    mon = perfsdk.Monitor(
+        model=spec,
+        hardware=hw,
+        registry=CollectorRegistry(),
+        otel=False,
+        nvtx=False,
+        timing=timing,
+        queue_size=1000,
+        **kw,
+    )
 
     def push() -> None:
         with mon.decode(batch=8, context_tokens=8192):
@@ -338,10 +389,18 @@ def overload(spec: ModelSpec, hw: Any, hot_path: str | None, timing: str) -> dic
     torch.cuda.synchronize()
     mon.flush(300)
     st = mon.stats()
-    out = {"timing": timing, "pushed": n, "queue_size": 1000, "dropped": st["dropped_records"],
-           "processed": st["decode"]["steps"], "dropped_plus_processed": st["dropped_records"] + st["decode"]["steps"],
-           "untimed_pool_empty": st.get("untimed_steps_event_pool_empty"), **_tail(samples, collections),
-           "bare_loop": bare, "hot_path": hot_path_of(mon)}
+    out = {
+        "timing": timing,
+        "pushed": n,
+        "queue_size": 1000,
+        "dropped": st["dropped_records"],
+        "processed": st["decode"]["steps"],
+        "dropped_plus_processed": st["dropped_records"] + st["decode"]["steps"],
+        "untimed_pool_empty": st.get("untimed_steps_event_pool_empty"),
+        **_tail(samples, collections),
+        "bare_loop": bare,
+        "hot_path": hot_path_of(mon),
+    }
     if timing == "cuda":
         out["bare_event_record_loop"] = bare_event
     mon.close()
@@ -393,9 +452,13 @@ def fresh_threads(model: Model, spec: ModelSpec, hw: Any, ctx: int, hot_path: st
     t.join()
     mon.flush(60)
     st = mon.stats()
-    out["engine_thread"] = {"prefill_steps": st["prefill"]["steps"], "decode_steps": st["decode"]["steps"],
-                            "prefill_timed": st["prefill"]["step_ms_p50"] is not None,
-                            "internal_errors": st["internal_errors"], "expected": {"prefill": 1, "decode": 5}}
+    out["engine_thread"] = {
+        "prefill_steps": st["prefill"]["steps"],
+        "decode_steps": st["decode"]["steps"],
+        "prefill_timed": st["prefill"]["step_ms_p50"] is not None,
+        "internal_errors": st["internal_errors"],
+        "expected": {"prefill": 1, "decode": 5},
+    }
     mon.close()
     # four threads at once, each on its own stream, each a fresh thread
     mon = make_monitor(spec, hw, **kw)
@@ -421,9 +484,13 @@ def fresh_threads(model: Model, spec: ModelSpec, hw: Any, ctx: int, hot_path: st
         x.join()
     mon.flush(60)
     st = mon.stats()
-    out["four_threads"] = {"steps_run": 4 * per, "steps_recorded": st["decode"]["steps"],
-                           "timed": st["decode"]["step_ms_p50"] is not None,
-                           "internal_errors": st["internal_errors"], "dropped": st["dropped_records"]}
+    out["four_threads"] = {
+        "steps_run": 4 * per,
+        "steps_recorded": st["decode"]["steps"],
+        "timed": st["decode"]["step_ms_p50"] is not None,
+        "internal_errors": st["internal_errors"],
+        "dropped": st["dropped_records"],
+    }
     mon.close()
     print("== fresh threads:", json.dumps(out), flush=True)
     return out
@@ -456,7 +523,7 @@ def mbu_agreement(model: Model, spec: ModelSpec, hw: Any, ctx: int, hot_path: st
                 warm.close()
                 mon = make_monitor(spec, hw, **kw)
                 bare_ms.clear()
-            for instrumented in ((False, True) if r % 2 == 0 else (True, False)):
+            for instrumented in (False, True) if r % 2 == 0 else (True, False):
                 if instrumented:
                     # the same 20 steps timed by this benchmark's own pair of events too: perfsdk's accounting
                     # against an independent clock over the very steps it timed
@@ -483,22 +550,27 @@ def mbu_agreement(model: Model, spec: ModelSpec, hw: Any, ctx: int, hot_path: st
         indep = statistics.fmean(indep_bytes / (ms / 1e3 * hw.memory_bandwidth) for ms in bare_ms)
         same = indep_bytes / (statistics.fmean(same_ms) / 1e3 * hw.memory_bandwidth)
         out[f"decode_cuda_graph_batch{batch}"] = {
-            "perfsdk_mbu_mean": st["mbu_mean"], "independent_mbu_mean": indep,
+            "perfsdk_mbu_mean": st["mbu_mean"],
+            "independent_mbu_mean": indep,
             # the instrumented steps' bytes over their time on the benchmark's clock: is perfsdk's MBU right?
             "independent_mbu_same_steps": same,
             "relative_difference_same_steps": (st["mbu_mean"] - same) / same,
             # against bare replays: also counts what the timing event itself costs the GPU per step
             "relative_difference": (st["mbu_mean"] - indep) / indep,
-            "perfsdk_step_ms_mean": st["step_ms_mean"], "independent_step_ms_mean": statistics.fmean(bare_ms),
-            "perfsdk_step_ms_p50": st["step_ms_p50"], "independent_step_ms_median": statistics.median(bare_ms),
+            "perfsdk_step_ms_mean": st["step_ms_mean"],
+            "independent_step_ms_mean": statistics.fmean(bare_ms),
+            "perfsdk_step_ms_p50": st["step_ms_p50"],
+            "independent_step_ms_median": statistics.median(bare_ms),
             "relative_difference_of_medians": (indep_bytes / (st["step_ms_p50"] / 1e3 * hw.memory_bandwidth) - indep)
             / indep,
             "independent_step_bytes": indep_bytes,
         }
         mon.close()
-    print("== MBU agreement (same steps, against bare):",
-          json.dumps({k: [v["relative_difference_same_steps"], v["relative_difference"]] for k, v in out.items()}),
-          flush=True)
+    print(
+        "== MBU agreement (same steps, against bare):",
+        json.dumps({k: [v["relative_difference_same_steps"], v["relative_difference"]] for k, v in out.items()}),
+        flush=True,
+    )
     return out
 
 
@@ -532,8 +604,13 @@ def capture_safety(model: Model, spec: ModelSpec, hw: Any, ctx: int, hot_path: s
     t.join()
     mon.flush(60)
     st = mon.stats()
-    out = {"captures": 10, "succeeded": ok, "errors": errors, "background_steps": st["decode"]["steps"],
-           "internal_errors": st["internal_errors"]}
+    out = {
+        "captures": 10,
+        "succeeded": ok,
+        "errors": errors,
+        "background_steps": st["decode"]["steps"],
+        "internal_errors": st["internal_errors"],
+    }
     mon.close()
     print("== capture safety:", json.dumps(out), flush=True)
     return out
@@ -553,8 +630,9 @@ def main() -> int:
     torch.manual_seed(0)
     shape = SHAPES["1b"]
     model = Model(shape, max_batch=8, ctx=args.ctx, dtype=torch.bfloat16, device="cuda")
-    spec = ModelSpec.from_module(model, layers=shape.layers, heads=shape.heads, kv_heads=shape.kv_heads,
-                                 head_dim=shape.head_dim, name="bench-1b")
+    spec = ModelSpec.from_module(
+        model, layers=shape.layers, heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim, name="bench-1b"
+    )
     hw = perfsdk.hardware.detect()
     res: dict[str, Any] = {"label": args.label, "environment": environment(), "model": spec.to_dict()}
     print(f"== {args.label}: perfsdk at {res['environment']['perfsdk_path']}", flush=True)
@@ -570,8 +648,14 @@ def main() -> int:
         ("mbu_agreement", lambda: mbu_agreement(model, spec, hw, args.ctx, args.hot_path)),
         ("capture_safety", lambda: capture_safety(model, spec, hw, args.ctx, args.hot_path)),
     ]
-    names = {"calls": "call_costs", "threads": "fresh_threads", "loops": "loops", "overload": "overload",
-             "agreement": "mbu_agreement", "capture": "capture_safety"}
+    names = {
+        "calls": "call_costs",
+        "threads": "fresh_threads",
+        "loops": "loops",
+        "overload": "overload",
+        "agreement": "mbu_agreement",
+        "capture": "capture_safety",
+    }
     wanted = {names[p] for p in parts}
     for name, fn in steps:
         if name not in wanted:

@@ -34,9 +34,10 @@ from prometheus_client import CollectorRegistry
 
 import perfsdk
 import perfsdk.recorder
-from perfsdk.hotpath import NoStep, check_sizes
+from perfsdk.hotpath import NoStep
 from perfsdk.monitor import load_native
 from perfsdk.records import NO_TOKENS, UNSIZED
+from perfsdk.sizes import check_sizes
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -11,8 +11,9 @@ from typing import Any, TypeVar, cast
 import wrapt
 
 from perfsdk._guard import ErrorGuard
-from perfsdk.hotpath import NoStep, check_sizes
+from perfsdk.hotpath import NoStep
 from perfsdk.records import NO_TOKENS, UNSIZED
+from perfsdk.sizes import check_sizes
 
 __all__ = ["decorate"]
 

@@ -38,8 +38,11 @@ def main() -> int:
     destroy.argtypes = [ctypes.c_void_p]
     raw = torch._C._cuda_getCurrentRawStream
     side = torch.cuda.Stream()
-    out: dict[str, object] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "python": sys.version.split()[0]}
+    out: dict[str, object] = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+    }
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     costs: dict[str, float] = {}
     for name, flags in (("default", 0), ("blocking_sync", 1), ("disable_timing", 2), ("blocking_no_timing", 3)):

@@ -49,8 +49,19 @@ EXPECTED: dict[str, str] = {
 PAGEABLE_COPY_BYTES = 16 * 1024 * 1024
 
 
-def build_model(torch: Any, device: str, *, layers: int, hidden: int, heads: int, kv_heads: int,
-                ffn: int, vocab: int, ctx: int, dtype: Any) -> dict[str, Any]:
+def build_model(
+    torch: Any,
+    device: str,
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    vocab: int,
+    ctx: int,
+    dtype: Any,
+) -> dict[str, Any]:
     """Random Llama-shaped weights and a KV cache; a dict keeps the script free of nn.Module state."""
     g = torch.Generator(device="cpu").manual_seed(0)
 
@@ -59,21 +70,28 @@ def build_model(torch: Any, device: str, *, layers: int, hidden: int, heads: int
 
     head_dim = hidden // heads
     m: dict[str, Any] = {
-        "embed": w(vocab, hidden), "lm_head": w(vocab, hidden),
+        "embed": w(vocab, hidden),
+        "lm_head": w(vocab, hidden),
         "norm": torch.ones(hidden, device=device, dtype=dtype),
-        "layers": [], "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "ctx": ctx,
+        "layers": [],
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "ctx": ctx,
     }
     for _ in range(layers):
-        m["layers"].append({
-            "attn_norm": torch.ones(hidden, device=device, dtype=dtype),
-            "wqkv": w((heads + 2 * kv_heads) * head_dim, hidden),
-            "wo": w(hidden, heads * head_dim),
-            "mlp_norm": torch.ones(hidden, device=device, dtype=dtype),
-            "w_gate_up": w(2 * ffn, hidden),
-            "w_down": w(hidden, ffn),
-            "k_cache": torch.randn(1, kv_heads, ctx, head_dim, generator=g).to(device=device, dtype=dtype),
-            "v_cache": torch.randn(1, kv_heads, ctx, head_dim, generator=g).to(device=device, dtype=dtype),
-        })
+        m["layers"].append(
+            {
+                "attn_norm": torch.ones(hidden, device=device, dtype=dtype),
+                "wqkv": w((heads + 2 * kv_heads) * head_dim, hidden),
+                "wo": w(hidden, heads * head_dim),
+                "mlp_norm": torch.ones(hidden, device=device, dtype=dtype),
+                "w_gate_up": w(2 * ffn, hidden),
+                "w_down": w(hidden, ffn),
+                "k_cache": torch.randn(1, kv_heads, ctx, head_dim, generator=g).to(device=device, dtype=dtype),
+                "v_cache": torch.randn(1, kv_heads, ctx, head_dim, generator=g).to(device=device, dtype=dtype),
+            }
+        )
     half = head_dim // 2
     freqs = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))
     m["cos"] = torch.cos(freqs * (ctx - 1)).to(device=device, dtype=dtype)
@@ -122,9 +140,14 @@ def capture(torch: Any, name: str, step: Callable[[], None], out_dir: Path, devi
         written.append(path)
 
     # few active steps, no stacks/shapes/memory: keeps each file well under 1 MB gzipped
-    with profile(activities=activities, schedule=schedule(wait=2, warmup=2, active=4, repeat=1),
-                 on_trace_ready=on_ready, record_shapes=False, with_stack=False,
-                 profile_memory=False) as prof:
+    with profile(
+        activities=activities,
+        schedule=schedule(wait=2, warmup=2, active=4, repeat=1),
+        on_trace_ready=on_ready,
+        record_shapes=False,
+        with_stack=False,
+        profile_memory=False,
+    ) as prof:
         for _ in range(2 + 2 + 4 + 1):
             with record_function("perfsdk.decode"):
                 step()
@@ -170,9 +193,18 @@ def main(argv: list[str] | None = None) -> int:
     dev = args.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     heads = max(args.hidden // 128, 1)
-    m = build_model(torch, dev, layers=args.layers, hidden=args.hidden, heads=heads,
-                    kv_heads=max(heads // 4, 1), ffn=int(args.hidden * 2.75) // 64 * 64, vocab=32000,
-                    ctx=args.ctx, dtype=dtype)
+    m = build_model(
+        torch,
+        dev,
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=heads,
+        kv_heads=max(heads // 4, 1),
+        ffn=int(args.hidden * 2.75) // 64 * 64,
+        vocab=32000,
+        ctx=args.ctx,
+        dtype=dtype,
+    )
     token = torch.zeros(1, 1, dtype=torch.long, device=dev)
 
     with torch.inference_mode():
@@ -196,8 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             dev_buf.copy_(host_buf)  # H2D from pageable memory: staged, slow
             decode_step(torch, m, token)
 
-        loops: dict[str, Callable[[], None]] = {"eager": eager, "item_sync": item_sync,
-                                                "pageable_copy": pageable_copy}
+        loops: dict[str, Callable[[], None]] = {"eager": eager, "item_sync": item_sync, "pageable_copy": pageable_copy}
         if dev == "cuda":
             graph = torch.cuda.CUDAGraph()
             stream = torch.cuda.Stream()
@@ -213,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
 
         order = ["eager", "cuda_graph", "item_sync", "pageable_copy"]
         summary: dict[str, Any] = {
-            "torch": torch.__version__, "python": platform.python_version(), "device": dev,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "device": dev,
             "gpu": torch.cuda.get_device_name() if dev == "cuda" else platform.processor() or "cpu",
             "cuda": torch.version.cuda,
             "model": {"layers": args.layers, "hidden": args.hidden, "ctx": args.ctx, "dtype": str(dtype)},
@@ -224,9 +257,12 @@ def main(argv: list[str] | None = None) -> int:
                 import subprocess
 
                 summary["driver"] = subprocess.run(
-                    ["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem",
-                     "--format=csv,noheader"],
-                    capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+                    ["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                    check=False,
+                ).stdout.strip()
             except (OSError, subprocess.SubprocessError):
                 summary["driver"] = None
         all_ok = True
@@ -239,12 +275,18 @@ def main(argv: list[str] | None = None) -> int:
             ok = check(name, diag) if dev == "cuda" else None
             all_ok = all_ok and ok is not False
             summary["traces"][name] = {
-                "file": path.name, "bytes": path.stat().st_size, "expected": EXPECTED[name], "matches": ok,
-                "gpu_busy_fraction": diag["gpu_busy_fraction"], "findings": diag["findings"],
+                "file": path.name,
+                "bytes": path.stat().st_size,
+                "expected": EXPECTED[name],
+                "matches": ok,
+                "gpu_busy_fraction": diag["gpu_busy_fraction"],
+                "findings": diag["findings"],
                 "summary": diag["summary"],
             }
-            print(f"{name:14s} {path.stat().st_size / 1e3:7.0f} kB  busy={diag['gpu_busy_fraction']}  "
-                  f"findings={[f['kind'] for f in diag['findings']]}  expected: {EXPECTED[name]}  ok={ok}")
+            print(
+                f"{name:14s} {path.stat().st_size / 1e3:7.0f} kB  busy={diag['gpu_busy_fraction']}  "
+                f"findings={[f['kind'] for f in diag['findings']]}  expected: {EXPECTED[name]}  ok={ok}"
+            )
     summary["seconds"] = round(time.perf_counter() - t_start, 1)
     (out_dir / "gpu_traces_summary.json").write_text(json.dumps(summary, indent=2))
     print(f"wrote {out_dir / 'gpu_traces_summary.json'} in {summary['seconds']} s")

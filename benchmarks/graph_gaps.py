@@ -92,8 +92,9 @@ class Waiter:
         return f"Waiter(waits={self.waits})"
 
 
-def make_variants(model: Model, g: Any, tokens: torch.Tensor, pos: torch.Tensor,
-                  res: dict[str, Any]) -> dict[str, Callable[[int], None]]:
+def make_variants(
+    model: Model, g: Any, tokens: torch.Tensor, pos: torch.Tensor, res: dict[str, Any]
+) -> dict[str, Callable[[int], None]]:
     timing = [torch.cuda.Event(enable_timing=True) for _ in range(64)]
     plain = [torch.cuda.Event(enable_timing=False) for _ in range(64)]
 
@@ -105,12 +106,16 @@ def make_variants(model: Model, g: Any, tokens: torch.Tensor, pos: torch.Tensor,
             g.replay()
             if i % n == n - 1:
                 events[i & 63].record()
+
         return step
 
     blocking = [torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(64)]
     variants: dict[str, Callable[[int], None]] = {
-        "bare": bare, "timing": every(1, timing), "no_timing": every(1, plain),
-        "timing_every_2": every(2, timing), "timing_every_4": every(4, timing),
+        "bare": bare,
+        "timing": every(1, timing),
+        "no_timing": every(1, plain),
+        "timing_every_2": every(2, timing),
+        "timing_every_4": every(4, timing),
         "timing_blocking": every(1, blocking),
     }
     waiter = Waiter()
@@ -122,6 +127,7 @@ def make_variants(model: Model, g: Any, tokens: torch.Tensor, pos: torch.Tensor,
             e = events[i & 63]
             e.record()
             waiter.put(e.cuda_event)
+
         return step
 
     variants["timing_blocking_waited"] = waited(blocking)
@@ -132,8 +138,13 @@ def make_variants(model: Model, g: Any, tokens: torch.Tensor, pos: torch.Tensor,
 
     import perfsdk
 
-    spec = perfsdk.ModelSpec.from_module(model, layers=SHAPES["1b"].layers, heads=SHAPES["1b"].heads,
-                                         kv_heads=SHAPES["1b"].kv_heads, head_dim=SHAPES["1b"].head_dim)
+    spec = perfsdk.ModelSpec.from_module(
+        model,
+        layers=SHAPES["1b"].layers,
+        heads=SHAPES["1b"].heads,
+        kv_heads=SHAPES["1b"].kv_heads,
+        head_dim=SHAPES["1b"].head_dim,
+    )
     mon = perfsdk.Monitor(model=spec, hardware="auto", registry=CollectorRegistry(), otel=False, nvtx=False)
     KEEP.append(mon)
     ctx = int(pos.item()) + 1
@@ -185,10 +196,18 @@ def main() -> int:
         for k, xs in per.items():
             m = statistics.median(xs)
             paired = [x / b - 1 for x, b in zip(xs, per["bare"], strict=True)]
-            out[k] = {"step_us": m, "added_us": m - bare, "added_pct": (m - bare) / bare * 100,
-                      "paired_pct_median": statistics.median(paired) * 100, "all_us": xs}
-            print(f"b{batch} {k:15s} {m:9.2f} us  {m - bare:+6.2f} us  ({(m - bare) / bare * 100:+.3f} %, paired "
-                  f"{statistics.median(paired) * 100:+.3f} %)", flush=True)
+            out[k] = {
+                "step_us": m,
+                "added_us": m - bare,
+                "added_pct": (m - bare) / bare * 100,
+                "paired_pct_median": statistics.median(paired) * 100,
+                "all_us": xs,
+            }
+            print(
+                f"b{batch} {k:15s} {m:9.2f} us  {m - bare:+6.2f} us  ({(m - bare) / bare * 100:+.3f} %, paired "
+                f"{statistics.median(paired) * 100:+.3f} %)",
+                flush=True,
+            )
         res["batches"][str(batch)] = out
         for w in res.get("waiters", []):
             if isinstance(w, Waiter):

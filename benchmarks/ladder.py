@@ -42,8 +42,12 @@ BF16_FLOOR_8B_MS = 3.37
 
 def environment() -> dict[str, Any]:
     env: dict[str, Any] = {
-        "python": platform.python_version(), "torch": torch.__version__, "perfsdk": perfsdk.__version__,
-        "cuda": torch.version.cuda, "host": platform.node(), "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "perfsdk": perfsdk.__version__,
+        "cuda": torch.version.cuda,
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     try:
@@ -56,8 +60,13 @@ def environment() -> dict[str, Any]:
         env["gpu"] = torch.cuda.get_device_name()
         q = "name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.limit,temperature.gpu"
         try:
-            out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20, check=False).stdout.strip()
+            out = subprocess.run(
+                ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            ).stdout.strip()
             env["nvidia_smi"] = dict(zip(q.split(","), [s.strip() for s in out.split(",")], strict=False))
         except Exception as e:
             env["nvidia_smi_error"] = str(e)
@@ -94,8 +103,13 @@ def int8_kernel_check() -> dict[str, Any]:
         out = w8a16_mm(x, q, s)
         rel = float((out.double() - ref).norm() / ref.norm())
         checks.append({"m": m, "n": n, "k": k, "rel_err": rel, "ok": rel < 1e-2 and bool(torch.isfinite(out).all())})
-    shapes = {"wqkv": (6144, 4096), "wo": (4096, 4096), "w13": (28672, 4096), "w2": (4096, 14336),
-              "output": (128256, 4096)}
+    shapes = {
+        "wqkv": (6144, 4096),
+        "wo": (4096, 4096),
+        "w13": (28672, 4096),
+        "w2": (4096, 14336),
+        "output": (128256, 4096),
+    }
     timing = []
     for name, (n, k) in shapes.items():
         w = torch.randn(n, k, generator=gen, device=dev, dtype=torch.bfloat16) / k**0.5
@@ -105,12 +119,19 @@ def int8_kernel_check() -> dict[str, Any]:
             t_bf16 = _time_ms(lambda x=x, w=w: torch.nn.functional.linear(x, w))
             t_tri = _time_ms(lambda x=x, q=q, s=s: w8a16_mm(x, q, s))
             t_deq = _time_ms(lambda x=x, q=q, s=s: torch.nn.functional.linear(x, q.to(x.dtype)) * s)
-            timing.append({
-                "weight": name, "m": m, "n": n, "k": k,
-                "bf16_ms": t_bf16, "bf16_tb_s": n * k * 2 / t_bf16 / 1e9,
-                "triton_int8_ms": t_tri, "triton_int8_tb_s": n * k / t_tri / 1e9,
-                "eager_dequant_ms": t_deq,
-            })
+            timing.append(
+                {
+                    "weight": name,
+                    "m": m,
+                    "n": n,
+                    "k": k,
+                    "bf16_ms": t_bf16,
+                    "bf16_tb_s": n * k * 2 / t_bf16 / 1e9,
+                    "triton_int8_ms": t_tri,
+                    "triton_int8_tb_s": n * k / t_tri / 1e9,
+                    "eager_dequant_ms": t_deq,
+                }
+            )
         del w, q, s
     return {"correctness": checks, "timing": timing, "configs": chosen_configs()}
 
@@ -165,8 +186,15 @@ def attention_kernel_check() -> dict[str, Any]:
             def triton_attn(q: Any = q, slots: Any = slots, mask: Any = mask, kc: Any = kc, vc: Any = vc) -> Any:
                 return fused_decode_attention(q, kc, vc, slots, mask)
 
-            out["timing"].append({"shape": name, "batch": b, "length": 1024,
-                                  "torch_ms": _graph_time_ms(torch_attn), "triton_ms": _graph_time_ms(triton_attn)})
+            out["timing"].append(
+                {
+                    "shape": name,
+                    "batch": b,
+                    "length": 1024,
+                    "torch_ms": _graph_time_ms(torch_attn),
+                    "triton_ms": _graph_time_ms(triton_attn),
+                }
+            )
     return out
 
 
@@ -189,10 +217,14 @@ def standalone(sizes: list[str], rungs: list[str], steps: int, attentions: list[
             spec = demo_model_spec(model, f"demo-{size}")
             row = _standalone(engine, spec, hw, batch=1, context=1024, steps=steps)
             row["mbu_calibrated"] = row["mbu"] * hw.memory_bandwidth / cal_bw if row.get("mbu") and cal_bw else None
-            row.update(rung=rung, build_and_first_steps_s=round(time.perf_counter() - t0, 1),
-                       weight_bytes=spec.weight_bytes, int8_kernel=getattr(engine, "int8_kernel", None),
-                       attention=getattr(engine, "attention", None),
-                       attention_rejected=getattr(engine, "attention_rejected", None))
+            row.update(
+                rung=rung,
+                build_and_first_steps_s=round(time.perf_counter() - t0, 1),
+                weight_bytes=spec.weight_bytes,
+                int8_kernel=getattr(engine, "int8_kernel", None),
+                attention=getattr(engine, "attention", None),
+                attention_rejected=getattr(engine, "attention_rejected", None),
+            )
             print(f"{size} {rung}: {row}", flush=True)
             rows.append(row)
             del engine
@@ -213,14 +245,18 @@ def summary(results: dict[str, Any]) -> list[str]:
         if best is not None:
             sb = best["standalone_b1"]
             target = 0.65 if size == "8b" else 0.30
-            lines.append(f"  best batch-1 rung: {best['rung']} at {sb['step_ms_p50']:.3f} ms, MBU {sb['mbu']:.1%} "
-                         f"(target {target:.0%}: {'met' if sb['mbu'] >= target else 'NOT met'})")
+            lines.append(
+                f"  best batch-1 rung: {best['rung']} at {sb['step_ms_p50']:.3f} ms, MBU {sb['mbu']:.1%} "
+                f"(target {target:.0%}: {'met' if sb['mbu'] >= target else 'NOT met'})"
+            )
         for r in ran:
             ratio = r.get("served_over_standalone")
             errs = (r.get("monitor") or {}).get("internal_errors")
-            lines.append(f"  {r['rung']}: served/standalone {ratio if ratio is None else f'{ratio:.2f}x'}, "
-                         f"internal errors {errs}, verdict {(r.get('profile') or {}).get('kind')}, "
-                         f"build {(r.get('engine') or {}).get('build_s')} s")
+            lines.append(
+                f"  {r['rung']}: served/standalone {ratio if ratio is None else f'{ratio:.2f}x'}, "
+                f"internal errors {errs}, verdict {(r.get('profile') or {}).get('kind')}, "
+                f"build {(r.get('engine') or {}).get('build_s')} s"
+            )
     return lines
 
 
@@ -234,28 +270,41 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--rungs", default=None)
     ap.add_argument("--no-kernel-check", action="store_true")
-    ap.add_argument("--attention", default="auto",
-                    help="the engines' decode attention: auto, triton or torch; --standalone-only takes a "
-                         "comma-separated list and runs each")
-    ap.add_argument("--standalone-only", action="store_true",
-                    help="each rung's batch-1 step without the server (a quick check; needs --rungs)")
+    ap.add_argument(
+        "--attention",
+        default="auto",
+        help="the engines' decode attention: auto, triton or torch; --standalone-only takes a "
+        "comma-separated list and runs each",
+    )
+    ap.add_argument(
+        "--standalone-only",
+        action="store_true",
+        help="each rung's batch-1 step without the server (a quick check; needs --rungs)",
+    )
     ap.add_argument("--name", default="h200_ladder", help="the JSON's file name, without .json")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    results: dict[str, Any] = {"environment": environment(), "seed_figures": SEED,
-                               "reference_8b_ms": REFERENCE_8B_MS, "bf16_floor_8b_ms": BF16_FLOOR_8B_MS,
-                               "ladders": {}}
+    results: dict[str, Any] = {
+        "environment": environment(),
+        "seed_figures": SEED,
+        "reference_8b_ms": REFERENCE_8B_MS,
+        "bf16_floor_8b_ms": BF16_FLOOR_8B_MS,
+        "ladders": {},
+    }
     print(json.dumps(results["environment"]), flush=True)
     if not args.no_kernel_check:
         try:
             results["int8_kernel"] = int8_kernel_check()
             print(json.dumps(results["int8_kernel"]["correctness"]), flush=True)
             for t in results["int8_kernel"]["timing"]:
-                print(f"  {t['weight']:>7} m={t['m']:<3} bf16 {t['bf16_ms']:.4f} ms ({t['bf16_tb_s']:.2f} TB/s)  "
-                      f"triton int8 {t['triton_int8_ms']:.4f} ms ({t['triton_int8_tb_s']:.2f} TB/s)  "
-                      f"eager dequant {t['eager_dequant_ms']:.4f} ms", flush=True)
+                print(
+                    f"  {t['weight']:>7} m={t['m']:<3} bf16 {t['bf16_ms']:.4f} ms ({t['bf16_tb_s']:.2f} TB/s)  "
+                    f"triton int8 {t['triton_int8_ms']:.4f} ms ({t['triton_int8_tb_s']:.2f} TB/s)  "
+                    f"eager dequant {t['eager_dequant_ms']:.4f} ms",
+                    flush=True,
+                )
         except Exception as e:
             import traceback
 
@@ -271,8 +320,9 @@ def main() -> int:
             results["attention_kernel"] = {"error": f"{type(e).__name__}: {e}"}
     rungs = tuple(args.rungs.split(",")) if args.rungs else None
     if args.standalone_only:
-        results["standalone"] = standalone(args.sizes.split(","), list(rungs or ()), args.steps,
-                                           args.attention.split(","))
+        results["standalone"] = standalone(
+            args.sizes.split(","), list(rungs or ()), args.steps, args.attention.split(",")
+        )
         from perfsdk.demo.int8_triton import chosen_configs
 
         results["int8_kernel_configs_after"] = chosen_configs()
@@ -282,12 +332,20 @@ def main() -> int:
     for size in args.sizes.split(","):
         tmp = Path(tempfile.mkdtemp(prefix=f"ladder-{size}-"))
         try:
-            res = run_ladder(LadderConfig(
-                device="cuda", size=size, rungs=rungs, out_dir=str(tmp), num_prompts=args.prompts,
-                concurrency=args.concurrency, output_len=args.output_len, steps=args.steps,
-                attention=args.attention,
-                progress=lambda m: print(f"[{time.perf_counter() - t0:6.1f} s] {m}", file=sys.stderr, flush=True),
-            ))
+            res = run_ladder(
+                LadderConfig(
+                    device="cuda",
+                    size=size,
+                    rungs=rungs,
+                    out_dir=str(tmp),
+                    num_prompts=args.prompts,
+                    concurrency=args.concurrency,
+                    output_len=args.output_len,
+                    steps=args.steps,
+                    attention=args.attention,
+                    progress=lambda m: print(f"[{time.perf_counter() - t0:6.1f} s] {m}", file=sys.stderr, flush=True),
+                )
+            )
             res["dynamo_counters"] = {k: dict(v) for k, v in torch._dynamo.utils.counters.items() if v}
             for ext in ("md", "png"):
                 if (tmp / f"ladder.{ext}").exists():

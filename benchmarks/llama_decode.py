@@ -14,14 +14,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LOOPS", "SHAPES", "Cfg", "Model", "capture_decode_graph", "capture_graph", "capture_with_step",
-           "decode_loop"]
+__all__ = [
+    "LOOPS",
+    "SHAPES",
+    "Cfg",
+    "Model",
+    "capture_decode_graph",
+    "capture_graph",
+    "capture_with_step",
+    "decode_loop",
+]
 
 
 class Cfg:
     def __init__(self, dim: int, layers: int, heads: int, kv_heads: int, inter: int, vocab: int) -> None:
         self.dim, self.layers, self.heads, self.kv_heads, self.inter, self.vocab = (
-            dim, layers, heads, kv_heads, inter, vocab)
+            dim,
+            layers,
+            heads,
+            kv_heads,
+            inter,
+            vocab,
+        )
         self.head_dim = dim // heads
 
 
@@ -110,7 +124,7 @@ def capture_graph(fn: Callable[[], Any], warmups: int = 3, around: Any = None) -
             fn()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g), (around if around is not None else contextlib.nullcontext()):
+    with torch.cuda.graph(g), around if around is not None else contextlib.nullcontext():
         out = fn()
     return g, out
 
@@ -125,33 +139,47 @@ def capture_decode_graph(model: Model, tokens: Tensor, pos: Tensor, with_output:
 def capture_with_step(model: Model, tokens: Tensor, pos: Tensor, mon: Any, context_tokens: int) -> Any:
     """A CUDA graph of one decode step captured with ``mon.decode()`` around the captured work (which must
     do nothing during a capture)."""
-    g, _ = capture_graph(lambda: model.decode(tokens, pos), warmups=1,
-                         around=mon.decode(batch=1, context_tokens=context_tokens))
+    g, _ = capture_graph(
+        lambda: model.decode(tokens, pos), warmups=1, around=mon.decode(batch=1, context_tokens=context_tokens)
+    )
     return g
 
 
 LOOPS = ("graph", "graph_synced", "eager")
 
 
-def decode_loop(loop: str, model: Model, tokens: Tensor, pos: Tensor, graph: Any = None,
-                graph_out: Tensor | None = None, batch: int = 1,
-                device: str = "cuda") -> tuple[Callable[[], None], int]:
+def decode_loop(
+    loop: str,
+    model: Model,
+    tokens: Tensor,
+    pos: Tensor,
+    graph: Any = None,
+    graph_out: Tensor | None = None,
+    batch: int = 1,
+    device: str = "cuda",
+) -> tuple[Callable[[], None], int]:
     """One serving loop's step and how many steps to time it for (the overhead benchmarks share these).
 
     ``graph``: replay back to back; ``graph_synced``: replay, then read the sampled ids back (one D2H copy
     and sync a step, as a streaming server does); ``eager``: the model's forward, kernel by kernel.
     """
     if loop == "graph":
+
         def replay() -> None:
             graph.replay()
+
         return replay, 1500 if batch == 1 else 800
     if loop == "graph_synced":
+
         def replay_and_read() -> None:
             graph.replay()
             graph_out.cpu()  # type: ignore[union-attr]
+
         return replay_and_read, 1000 if batch == 1 else 800
     if loop == "eager":
+
         def forward() -> None:
             model.decode(tokens, pos)
+
         return forward, (300 if batch == 1 else 200) if device == "cuda" else 40
     raise ValueError(f"unknown loop {loop!r} (one of {', '.join(LOOPS)})")

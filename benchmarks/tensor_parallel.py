@@ -80,10 +80,17 @@ class Shape:
         return self.dim // self.heads
 
     def hf_config(self, dtype: str) -> dict[str, Any]:
-        return {"model_type": "llama", "hidden_size": self.dim, "intermediate_size": self.inter,
-                "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
-                "num_key_value_heads": self.kv_heads, "vocab_size": self.vocab, "torch_dtype": dtype,
-                "tie_word_embeddings": False}
+        return {
+            "model_type": "llama",
+            "hidden_size": self.dim,
+            "intermediate_size": self.inter,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "vocab_size": self.vocab,
+            "torch_dtype": dtype,
+            "tie_word_embeddings": False,
+        }
 
 
 SHAPES = {
@@ -96,8 +103,9 @@ SHAPES = {
 class TPDecoder:
     """One rank's shard of a Llama-shaped decoder under Megatron-style tensor parallelism."""
 
-    def __init__(self, s: Shape, world: int, rank: int, max_batch: int, ctx: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self, s: Shape, world: int, rank: int, max_batch: int, ctx: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         for name, n in (("heads", s.heads), ("intermediate size", s.inter), ("vocab", s.vocab)):
             if n % world:
                 raise SystemExit(f"{world} ranks do not divide the {name} ({n})")
@@ -114,14 +122,17 @@ class TPDecoder:
             return torch.randn(*shape, generator=g, device=device, dtype=dtype).mul_(scale)
 
         self.emb = w(self.vocab, s.dim)  # vocab-parallel
-        self.layers = [{
-            "wqkv": w(s.dim, (self.h + 2 * self.kv) * hd),  # column-parallel
-            "wo": w(self.h * hd, s.dim),                     # row-parallel (+ all-reduce)
-            "w13": w(s.dim, 2 * self.inter),                 # column-parallel (gate and up)
-            "w2": w(self.inter, s.dim),                      # row-parallel (+ all-reduce)
-            "n1": torch.ones(s.dim, device=device, dtype=dtype),
-            "n2": torch.ones(s.dim, device=device, dtype=dtype),
-        } for _ in range(s.layers)]
+        self.layers = [
+            {
+                "wqkv": w(s.dim, (self.h + 2 * self.kv) * hd),  # column-parallel
+                "wo": w(self.h * hd, s.dim),  # row-parallel (+ all-reduce)
+                "w13": w(s.dim, 2 * self.inter),  # column-parallel (gate and up)
+                "w2": w(self.inter, s.dim),  # row-parallel (+ all-reduce)
+                "n1": torch.ones(s.dim, device=device, dtype=dtype),
+                "n2": torch.ones(s.dim, device=device, dtype=dtype),
+            }
+            for _ in range(s.layers)
+        ]
         self.norm = torch.ones(s.dim, device=device, dtype=dtype)
         self.head = w(s.dim, self.vocab)  # column-parallel
         shape = (max_batch, self.kv, ctx, hd)
@@ -199,10 +210,15 @@ def capture_graph(model: TPDecoder, tokens: Tensor) -> Callable[[], object]:
 
 def environment(device: torch.device) -> dict[str, Any]:
     env: dict[str, Any] = {
-        "python": platform.python_version(), "torch": torch.__version__, "perfsdk": perfsdk.__version__,
-        "host": platform.node(), "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "perfsdk": perfsdk.__version__,
+        "host": platform.node(),
+        "cores": os.cpu_count(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "backend": dist.get_backend(), "world_size": dist.get_world_size(), "rank": dist.get_rank(),
+        "backend": dist.get_backend(),
+        "world_size": dist.get_world_size(),
+        "rank": dist.get_rank(),
         "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
     }
     if device.type == "cuda":
@@ -210,13 +226,21 @@ def environment(device: torch.device) -> dict[str, Any]:
         env["cuda"] = torch.version.cuda
         env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         try:
-            q = ("index,name,pci.bus_id,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,"
-                 "power.limit,temperature.gpu")
-            out = subprocess.run(["nvidia-smi", f"--id={device.index}", f"--query-gpu={q}", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20, check=False).stdout.strip()
+            q = (
+                "index,name,pci.bus_id,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,"
+                "power.limit,temperature.gpu"
+            )
+            out = subprocess.run(
+                ["nvidia-smi", f"--id={device.index}", f"--query-gpu={q}", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            ).stdout.strip()
             env["nvidia_smi"] = dict(zip(q.split(","), [v.strip() for v in out.split(",")], strict=False))
-            topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20,
-                                  check=False).stdout
+            topo = subprocess.run(
+                ["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20, check=False
+            ).stdout
             env["nvidia_smi_topo"] = topo.strip().splitlines()[:6]
         except Exception as e:
             env["nvidia_smi_error"] = repr(e)
@@ -238,13 +262,26 @@ def comm_shares(diag: Any) -> list[float | None]:
 
 
 # --------------------------------------------------------------------------- one configuration
-def run_config(model: TPDecoder, spec: ModelSpec, hw: HardwareSpec, device: torch.device, *, mode: str, batch: int,
-               steps: int, warmup: int, profile_steps: int, trace_dir: Path, straggler: int | None = None,
-               straggler_fraction: float = 0.3) -> dict[str, Any]:
+def run_config(
+    model: TPDecoder,
+    spec: ModelSpec,
+    hw: HardwareSpec,
+    device: torch.device,
+    *,
+    mode: str,
+    batch: int,
+    steps: int,
+    warmup: int,
+    profile_steps: int,
+    trace_dir: Path,
+    straggler: int | None = None,
+    straggler_fraction: float = 0.3,
+) -> dict[str, Any]:
     """Every rank runs exactly the same number of steps here: each step holds collectives."""
     rank = dist.get_rank()
     tokens = torch.arange(batch, device=device) * 997 % model.s.vocab
     model.extra_repeats = 0
+
     def eager() -> object:
         return model.decode(tokens)
 
@@ -273,8 +310,9 @@ def run_config(model: TPDecoder, spec: ModelSpec, hw: HardwareSpec, device: torc
             step()
         sync(device)
     name = f"tp{dist.get_world_size()}-{mode}-b{batch}" + ("-straggler" if straggler is not None else "")
-    mon = perfsdk.Monitor(model=spec, hardware=hw, registry=CollectorRegistry(), otel=False, nvtx="auto",
-                          model_name=name)
+    mon = perfsdk.Monitor(
+        model=spec, hardware=hw, registry=CollectorRegistry(), otel=False, nvtx="auto", model_name=name
+    )
     mon.enable_profiler(directory=str(trace_dir / name), min_free_mb=0, keep=10, warmup=1)
     ctx_tokens = batch * model.ctx
     dist.barrier()
@@ -303,8 +341,11 @@ def run_config(model: TPDecoder, spec: ModelSpec, hw: HardwareSpec, device: torc
     per_step = decode_step_bytes(spec, ctx_tokens, batch)
     perfsdk_ms = stats.get("step_ms_mean")
     mine = {
-        "rank": rank, "steps": steps, "extra_repeats": model.extra_repeats,
-        "step_ms_perfsdk_mean": stats.get("step_ms_mean"), "step_ms_perfsdk_p50": stats.get("step_ms_p50"),
+        "rank": rank,
+        "steps": steps,
+        "extra_repeats": model.extra_repeats,
+        "step_ms_perfsdk_mean": stats.get("step_ms_mean"),
+        "step_ms_perfsdk_p50": stats.get("step_ms_p50"),
         "step_ms_wall_mean": wall_s * 1e3,
         # the mean of per-step MBU (what perfsdk's stats() and histogram report) ...
         "mbu_perfsdk_mean": stats.get("mbu_mean"),
@@ -314,13 +355,23 @@ def run_config(model: TPDecoder, spec: ModelSpec, hw: HardwareSpec, device: torc
         "mbu_independent": actual / wall_s / peak,
         "bytes_per_step_perfsdk": per_step,
         "bytes_per_step_actual": actual,
-        "profile": {"trace": trace, "error": result.error if result is not None else "timeout",
-                    "steps_run": n, "steady_gate_at_trigger": result.steady if result is not None else None},
+        "profile": {
+            "trace": trace,
+            "error": result.error if result is not None else "timeout",
+            "steps_run": n,
+            "steady_gate_at_trigger": result.steady if result is not None else None,
+        },
     }
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    out: dict[str, Any] = {"name": name, "mode": mode, "batch": batch, "context_per_sequence": model.ctx,
-                           "straggler_rank": straggler, "ranks": everyone}
+    out: dict[str, Any] = {
+        "name": name,
+        "mode": mode,
+        "batch": batch,
+        "context_per_sequence": model.ctx,
+        "straggler_rank": straggler,
+        "ranks": everyone,
+    }
     if rank == 0:
         traces = [r["profile"]["trace"] for r in everyone]
         if all(traces):
@@ -338,24 +389,30 @@ def _print_config(c: dict[str, Any]) -> None:
     print(f"== {c['name']}: ctx {c['context_per_sequence']}/sequence", flush=True)
     for r in c["ranks"]:
         mbu = r["mbu_perfsdk_mean"]
-        print(f"   rank {r['rank']}: perfsdk {r['step_ms_perfsdk_mean'] or float('nan'):.3f} ms/step, "
-              f"wall {r['step_ms_wall_mean']:.3f} ms/step, MBU perfsdk "
-              f"{'-' if mbu is None else f'{mbu:.1%}'} (time-weighted {r['mbu_perfsdk_time_weighted'] or 0:.1%}) "
-              f"independent {r['mbu_independent']:.1%}"
-              + (f", extra matmuls {r['extra_repeats']}" if r["extra_repeats"] else ""), flush=True)
+        print(
+            f"   rank {r['rank']}: perfsdk {r['step_ms_perfsdk_mean'] or float('nan'):.3f} ms/step, "
+            f"wall {r['step_ms_wall_mean']:.3f} ms/step, MBU perfsdk "
+            f"{'-' if mbu is None else f'{mbu:.1%}'} (time-weighted {r['mbu_perfsdk_time_weighted'] or 0:.1%}) "
+            f"independent {r['mbu_independent']:.1%}"
+            + (f", extra matmuls {r['extra_repeats']}" if r["extra_repeats"] else ""),
+            flush=True,
+        )
     if "comparison_report" in c:
         print("   " + c["comparison_report"].replace("\n", "\n   "), flush=True)
     if c["straggler_rank"] is not None:
-        print(f"   straggler given extra work: rank {c['straggler_rank']}; named by perfsdk: "
-              f"{c.get('named_straggler')}", flush=True)
+        print(
+            f"   straggler given extra work: rank {c['straggler_rank']}; named by perfsdk: {c.get('named_straggler')}",
+            flush=True,
+        )
 
 
 # --------------------------------------------------------------------------- main
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--shape", choices=sorted(SHAPES), default=None,
-                    help="model shape (default: llama-3-8b on GPUs, tiny on a CPU)")
+    ap.add_argument(
+        "--shape", choices=sorted(SHAPES), default=None, help="model shape (default: llama-3-8b on GPUs, tiny on a CPU)"
+    )
     ap.add_argument("--out", default="tensor_parallel.json")
     ap.add_argument("--traces", default=None, help="trace directory (default: <out>.traces/ beside --out)")
     ap.add_argument("--ctx", type=int, default=None, help="context tokens per sequence (default 1024; 64 on a CPU)")
@@ -365,11 +422,19 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--profile-steps", type=int, default=4)
     ap.add_argument("--straggler-rank", type=int, default=None, help="default: the last rank")
-    ap.add_argument("--straggler-fraction", type=float, default=0.3,
-                    help="extra work on the straggler, as a fraction of a healthy step")
+    ap.add_argument(
+        "--straggler-fraction",
+        type=float,
+        default=0.3,
+        help="extra work on the straggler, as a fraction of a healthy step",
+    )
     ap.add_argument("--no-straggler", dest="straggler", action="store_false")
-    ap.add_argument("--timeout-s", type=float, default=300.0,
-                    help="collective timeout: a rank stuck in a collective fails after this instead of hanging")
+    ap.add_argument(
+        "--timeout-s",
+        type=float,
+        default=300.0,
+        help="collective timeout: a rank stuck in a collective fails after this instead of hanging",
+    )
     a = ap.parse_args()
     cpu = a.device == "cpu"
     if not cpu and not torch.cuda.is_available():
@@ -395,8 +460,9 @@ def main() -> int:
     dtype_name = "float32" if cpu else "bfloat16"
     spec = ModelSpec.from_hf_config(shape.hf_config(dtype_name)).with_tp(world)  # the per-GPU share
     if cpu:  # no datasheet for a CPU: rank 0 measures copy bandwidth once and tells the others
-        box: list[Any] = [perfsdk.hardware.calibrate(device="cpu", quick=True).as_spec().as_dict()
-                          if rank == 0 else None]
+        box: list[Any] = [
+            perfsdk.hardware.calibrate(device="cpu", quick=True).as_spec().as_dict() if rank == 0 else None
+        ]
         dist.broadcast_object_list(box, src=0)
         hw = HardwareSpec(**box[0])
     else:
@@ -407,22 +473,61 @@ def main() -> int:
     envs: list[Any] = [None] * world
     dist.all_gather_object(envs, environment(device))
     if rank == 0:
-        print(f"== {world} ranks, {envs[0].get('gpu', 'cpu')}, torch {torch.__version__}, "
-              f"{dist.get_backend()} {envs[0].get('nccl', '')}; per rank {spec.weight_bytes / 1e9:.2f} GB of weights "
-              f"(ModelSpec.with_tp({world})), peak {hw.memory_bandwidth / 1e12:.2f} TB/s ({hw.name})", flush=True)
-    configs = [run_config(model, spec, hw, device, mode=m, batch=b, steps=steps, warmup=warmup,
-                          profile_steps=a.profile_steps, trace_dir=trace_dir)
-               for m in modes for b in batches]
+        print(
+            f"== {world} ranks, {envs[0].get('gpu', 'cpu')}, torch {torch.__version__}, "
+            f"{dist.get_backend()} {envs[0].get('nccl', '')}; per rank {spec.weight_bytes / 1e9:.2f} GB of weights "
+            f"(ModelSpec.with_tp({world})), peak {hw.memory_bandwidth / 1e12:.2f} TB/s ({hw.name})",
+            flush=True,
+        )
+    configs = [
+        run_config(
+            model,
+            spec,
+            hw,
+            device,
+            mode=m,
+            batch=b,
+            steps=steps,
+            warmup=warmup,
+            profile_steps=a.profile_steps,
+            trace_dir=trace_dir,
+        )
+        for m in modes
+        for b in batches
+    ]
     straggler_rank = (world - 1 if a.straggler_rank is None else a.straggler_rank) if a.straggler else None
-    stragglers = [run_config(model, spec, hw, device, mode=m, batch=1, steps=steps, warmup=warmup,
-                             profile_steps=a.profile_steps, trace_dir=trace_dir, straggler=straggler_rank,
-                             straggler_fraction=a.straggler_fraction)
-                  for m in modes] if straggler_rank is not None and world > 1 else []
+    stragglers = (
+        [
+            run_config(
+                model,
+                spec,
+                hw,
+                device,
+                mode=m,
+                batch=1,
+                steps=steps,
+                warmup=warmup,
+                profile_steps=a.profile_steps,
+                trace_dir=trace_dir,
+                straggler=straggler_rank,
+                straggler_fraction=a.straggler_fraction,
+            )
+            for m in modes
+        ]
+        if straggler_rank is not None and world > 1
+        else []
+    )
     if rank == 0:
-        result = {"environment": envs, "device": a.device, "world_size": world,
-                  "model": {"shape": asdict(shape), "per_rank_spec": spec.to_dict(), "dtype": dtype_name},
-                  "hardware": hw.as_dict(), "settings": dict(vars(a)),
-                  "configs": configs, "straggler_runs": stragglers}
+        result = {
+            "environment": envs,
+            "device": a.device,
+            "world_size": world,
+            "model": {"shape": asdict(shape), "per_rank_spec": spec.to_dict(), "dtype": dtype_name},
+            "hardware": hw.as_dict(),
+            "settings": dict(vars(a)),
+            "configs": configs,
+            "straggler_runs": stragglers,
+        }
         out_path.write_text(json.dumps(result, indent=2, default=str))
         print(f"wrote {out_path}", flush=True)
     dist.barrier()

@@ -26,8 +26,12 @@ class ErrorGuard:
         """Log a failure counted elsewhere (the C step core counts its own), once per site."""
         if where not in self._logged:
             self._logged.add(where)
-            log.error("perfsdk internal error in %s: %s (counted in perfsdk_internal_errors_total; logged once "
-                      "per site; serving continues)", where, message)
+            log.error(
+                "perfsdk internal error in %s: %s (counted in perfsdk_internal_errors_total; logged once "
+                "per site; serving continues)",
+                where,
+                message,
+            )
 
     def count_problem(self, where: str, message: str, n: int = 1) -> None:
         """Count *n* faults found at *where* with no exception to show (a negative duration), logging once."""

@@ -61,7 +61,7 @@ def _never() -> bool:
 class Parts:
     """What :func:`assemble` chose and built; a Monitor keeps it as it is."""
 
-    recorder: Recorder         # the one owner of the hot path's state: steps, core, events, window
+    recorder: Recorder  # the one owner of the hot path's state: steps, core, events, window
     requests: RequestQueue
     nvtx_backend: str
     rank: int | None
@@ -72,9 +72,22 @@ class Parts:
     sinks: list[Sink]
 
 
-def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, compute_dtype: str, model_name: str,
-             registry: Any, prometheus: bool, tracer_provider: Any, clock: Callable[[], int], epoch_offset_ns: int,
-             errors: ErrorGuard, events: Any = None, meter_provider: Any = None) -> Parts:
+def assemble(
+    cfg: MonitorConfig,
+    *,
+    model: ModelSpec | None,
+    hardware: Any,
+    compute_dtype: str,
+    model_name: str,
+    registry: Any,
+    prometheus: bool,
+    tracer_provider: Any,
+    clock: Callable[[], int],
+    epoch_offset_ns: int,
+    errors: ErrorGuard,
+    events: Any = None,
+    meter_provider: Any = None,
+) -> Parts:
     """Choose and build every part of a Monitor (see the module docstring). *events*: a scripted GPU (tests)."""
     from perfsdk import timing as _timing
     from perfsdk.nvtx_ranges import make_nvtx
@@ -95,8 +108,10 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
     native = load_native() if enabled else None
     if cfg.hot_path == "c":
         if load_native() is None:
-            raise ConfigError("hot_path='c': perfsdk's C extension (perfsdk._native) is not built in this install; "
-                              "reinstall with a C compiler and the Python headers, or use hot_path='python'")
+            raise ConfigError(
+                "hot_path='c': perfsdk's C extension (perfsdk._native) is not built in this install; "
+                "reinstall with a C compiler and the Python headers, or use hot_path='python'"
+            )
         if api is not None and addresses is None:
             raise ConfigError(f"hot_path='c' needs driver events (cuda_events={api.name!r} runs the Python hot path)")
     use_c = native is not None and cfg.hot_path != "python" and (api is None or addresses is not None)
@@ -121,11 +136,11 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
         from prometheus_client import REGISTRY
 
         registry = registry if registry is not None else REGISTRY
-        prom = PrometheusSink(metric_set(registry, ("rank",) if rank_label else ()), model_name, rank_label,
-                              registry)
+        prom = PrometheusSink(metric_set(registry, ("rank",) if rank_label else ()), model_name, rank_label, registry)
         if hardware is not None:
-            prom.set_hardware(hardware.name, hardware.memory_bandwidth,
-                              {k: float(v) for k, v in hardware.flops.items()})
+            prom.set_hardware(
+                hardware.name, hardware.memory_bandwidth, {k: float(v) for k, v in hardware.flops.items()}
+            )
         sinks.append(prom)
     if otel is not None:
         sinks.append(otel)
@@ -133,8 +148,9 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
         from perfsdk.sinks.otel_metrics import make_otel_metrics_sink
 
         # inert (nothing built, nothing recorded) until an SDK meter provider is set or given
-        otel_metrics = make_otel_metrics_sink(meter_provider, model_name, {"perfsdk.rank": rank_label[0]}
-                                              if rank_label else None)
+        otel_metrics = make_otel_metrics_sink(
+            meter_provider, model_name, {"perfsdk.rank": rank_label[0]} if rank_label else None
+        )
         if otel_metrics is not None:
             sinks.append(otel_metrics)
 
@@ -151,9 +167,17 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
     if use_c:
         from perfsdk.stepcore import native_core
 
-        core = native_core(costs, cfg.queue_size, cfg.step_span_rate, cfg.poll_interval, addresses,
-                           event_capacity if api is not None else 0, event_prefill,
-                           api.new if api is not None else None, api.destroy if api is not None else None)
+        core = native_core(
+            costs,
+            cfg.queue_size,
+            cfg.step_span_rate,
+            cfg.poll_interval,
+            addresses,
+            event_capacity if api is not None else 0,
+            event_prefill,
+            api.new if api is not None else None,
+            api.destroy if api is not None else None,
+        )
         event_owner = CoreEvents(core)  # the C core keeps the pool, in C
     else:
         from perfsdk.stepcore import PyStepCore
@@ -165,36 +189,55 @@ def assemble(cfg: MonitorConfig, *, model: ModelSpec | None, hardware: Any, comp
     compiling, cuda_capturing = _timing.capture_checks(use_cuda)
     if events is not None:
         compiling, cuda_capturing = None, getattr(events, "capture_check", None)
-    capturing = (cuda_capturing if use_c or events is not None else _timing.capture_check(use_cuda)) if enabled \
-        else None
+    capturing = (
+        (cuda_capturing if use_c or events is not None else _timing.capture_check(use_cuda)) if enabled else None
+    )
     requests = RequestQueue(cfg.queue_size, clock, errors, cfg.strict)
     state = HotState(
-        core=core, errors=errors, requests=requests,
+        core=core,
+        errors=errors,
+        requests=requests,
         local=ThreadSteps(native.LastEnd if native is not None and use_c else LastEnd, core if use_c else pool),
         clock=None if use_c and clock is time.perf_counter_ns and sys.platform.startswith("linux") else clock,
         capturing=capturing,
-        is_capturing_fn=addresses.is_capturing if use_c and addresses is not None and cuda_capturing is not None
-        else 0,
+        is_capturing_fn=addresses.is_capturing if use_c and addresses is not None and cuda_capturing is not None else 0,
         stream=api.make_stream() if api is not None else None,
         record_on=api.make_record_on() if api is not None else None,
         record_fn=addresses.record if use_c and addresses is not None else 0,
-        raise_for=api.raise_for if api is not None else None, ensure_context=getattr(api, "ensure_context", None),
-        pool=pool, nvtx_on=nv.backend != "none", nvtx_push=nv.push, nvtx_pop=nv.pop,
-        chain_gap_ns=int(cfg.chain_gap_us * 1000), every=cfg.timing_every, strict=cfg.strict,
+        raise_for=api.raise_for if api is not None else None,
+        ensure_context=getattr(api, "ensure_context", None),
+        pool=pool,
+        nvtx_on=nv.backend != "none",
+        nvtx_push=nv.push,
+        nvtx_pop=nv.pop,
+        chain_gap_ns=int(cfg.chain_gap_us * 1000),
+        every=cfg.timing_every,
+        strict=cfg.strict,
     )
-    common: dict[str, Any] = {"timing": "cuda" if use_cuda else "host",
-                              "cuda_events": api.name if api is not None else None, "strict": cfg.strict}
+    common: dict[str, Any] = {
+        "timing": "cuda" if use_cuda else "host",
+        "cuda_events": api.name if api is not None else None,
+        "strict": cfg.strict,
+    }
     recorder: Recorder
     if not enabled:
-        recorder = OffRecorder(state, core, event_owner, hot_path="c" if cfg.hot_path == "c" else "python",
-                          compiling=_never, **common)
+        recorder = OffRecorder(
+            state, core, event_owner, hot_path="c" if cfg.hot_path == "c" else "python", compiling=_never, **common
+        )
     elif use_c:
         recorder = NativeRecorder(native, state, core, event_owner, compiling=compiling or _never, **common)
     else:
         recorder = PythonRecorder(state, core, event_owner, compiling=_never, **common)
     return Parts(
-        recorder=recorder, requests=requests, nvtx_backend=nv.backend,
-        rank=rank, rank_label=rank_label, registry=registry, prom=prom, otel=otel, sinks=sinks,
+        recorder=recorder,
+        requests=requests,
+        nvtx_backend=nv.backend,
+        rank=rank,
+        rank_label=rank_label,
+        registry=registry,
+        prom=prom,
+        otel=otel,
+        sinks=sinks,
     )
 
 
@@ -236,11 +279,15 @@ def warn_missing(model: ModelSpec | None, hardware: Any, asked: Any = None) -> N
     if hardware is None and not (isinstance(asked, str) and asked.strip().lower() == "calibrate"):
         missing.append("hardware='h100-sxm' (a datasheet name), a HardwareSpec, or 'calibrate' (no GPU was detected)")
     if missing:
-        log.warning("perfsdk: MBU/MFU are off until you pass %s. Latency metrics work without them.",
-                    " and ".join(missing))
+        log.warning(
+            "perfsdk: MBU/MFU are off until you pass %s. Latency metrics work without them.", " and ".join(missing)
+        )
     if model is not None and not model.has_attention_shape:
-        log.warning("perfsdk: model %s has no layers/kv_heads/head_dim: KV-cache bytes and attention FLOPs are "
-                    "left out of MBU/MFU", model.name or "(unnamed)")
+        log.warning(
+            "perfsdk: model %s has no layers/kv_heads/head_dim: KV-cache bytes and attention FLOPs are "
+            "left out of MBU/MFU",
+            model.name or "(unnamed)",
+        )
 
 
 def peak_notes(hardware: Any, compute_dtype: str) -> dict[str, str]:

@@ -140,8 +140,9 @@ def attention_flops(model: ModelSpec, seq_lens: int | Iterable[int], cached_toke
     return _with_attention(model).attention_flops(sum(lens), sum(n * n for n in lens), len(lens), cached_tokens)
 
 
-def prefill_flops(model: ModelSpec, seq_lens: int | Iterable[int], *, attention: bool = True,
-                  cached_tokens: int = 0) -> float:
+def prefill_flops(
+    model: ModelSpec, seq_lens: int | Iterable[int], *, attention: bool = True, cached_tokens: int = 0
+) -> float:
     """FLOPs of a prefill: ``2 × params × Σ n`` plus causal attention when ``attention`` (over a cached
     prefix of *cached_tokens* too: :func:`attention_flops`)."""
     lens = _seq_lens(seq_lens)
@@ -159,8 +160,9 @@ def decode_flops(model: ModelSpec, batch: int, context_tokens: int = 0) -> float
     return _with_attention(model).decode_flops(batch, context_tokens)
 
 
-def mixed_step_bytes(model: ModelSpec, prefill_seq_lens: Sequence[int], decode_context_tokens: int,
-                     decode_batch: int = 0) -> float:
+def mixed_step_bytes(
+    model: ModelSpec, prefill_seq_lens: Sequence[int], decode_context_tokens: int, decode_batch: int = 0
+) -> float:
     """Bytes of a chunked-prefill + decode step: weights once (an untied input embedding: one row per new
     token and per decoding sequence), decode KV reads, prefill KV writes."""
     new = sum(_seq_lens(prefill_seq_lens))
@@ -199,11 +201,13 @@ def tokens_per_s(step_seconds: float, batch: int = 1) -> float:
 
 def mbu(step_bytes: float, seconds: float, bandwidth: float) -> float:
     """Model bandwidth utilisation: ``bytes / (seconds × peak bandwidth)``, 0–1 (above 1 means a wrong peak)."""
-    return utilization(_nonneg("step_bytes", step_bytes), _positive("seconds", seconds),
-                       _positive("bandwidth", bandwidth))
+    return utilization(
+        _nonneg("step_bytes", step_bytes), _positive("seconds", seconds), _positive("bandwidth", bandwidth)
+    )
 
 
 def mfu(step_flops: float, seconds: float, peak_flops: float) -> float:
     """Model FLOPs utilisation: ``FLOPs / (seconds × dense peak FLOP/s)``, 0–1."""
-    return utilization(_nonneg("step_flops", step_flops), _positive("seconds", seconds),
-                       _positive("peak_flops", peak_flops))
+    return utilization(
+        _nonneg("step_flops", step_flops), _positive("seconds", seconds), _positive("peak_flops", peak_flops)
+    )

@@ -67,10 +67,14 @@ __all__ = ["Collector", "summary"]
 log = logging.getLogger("perfsdk")
 
 IDLE_MAX = 1.0  # longest sleep of an idle collector (s); export_interval is the usual one
-REQUEST_CLOCK = ("a request finished before its last token or its arrival (the clock went backwards): its duration "
-                 "and TPOT are not observed")
-MEASURED_CLOCK = ("record_finished: the first token came after the end (ttft_s, or queue_s + prefill_s, beyond "
-                  "e2e_s): no TPOT is observed")
+REQUEST_CLOCK = (
+    "a request finished before its last token or its arrival (the clock went backwards): its duration "
+    "and TPOT are not observed"
+)
+MEASURED_CLOCK = (
+    "record_finished: the first token came after the end (ttft_s, or queue_s + prefill_s, beyond "
+    "e2e_s): no TPOT is observed"
+)
 _yield = time.sleep  # time.sleep(0) lets go of the GIL and takes it back: a waiting thread gets a turn
 
 
@@ -87,10 +91,21 @@ class RecorderView(Protocol):
 class Collector(threading.Thread):
     """Reads the step core and the request queue, feeds the sinks (see the module docstring)."""
 
-    def __init__(self, core: StepCore, requests: RequestQueue, sinks: Sequence[Sink], errors: ErrorGuard, *,
-                 model: str, operation: str, epoch_offset_ns: int, export_interval: float,
-                 recorder: RecorderView, peaks: dict[str, str] | None = None,
-                 spans_dropped: Callable[[], dict[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        core: StepCore,
+        requests: RequestQueue,
+        sinks: Sequence[Sink],
+        errors: ErrorGuard,
+        *,
+        model: str,
+        operation: str,
+        epoch_offset_ns: int,
+        export_interval: float,
+        recorder: RecorderView,
+        peaks: dict[str, str] | None = None,
+        spans_dropped: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
         super().__init__(name="perfsdk-collector", daemon=True)
         self.core = core
         self.requests = requests
@@ -121,9 +136,19 @@ class Collector(threading.Thread):
     def forked(self) -> Collector:
         """A collector for a forked child, where this one's thread does not exist (a thread cannot be started
         twice): the same parts, nothing of this one's progress (the child's losses start at 0 too)."""
-        new = Collector(self.core, self.requests, self.sinks, self.errors, model=self.model,
-                        operation=self.operation, epoch_offset_ns=self._offset, export_interval=self._interval,
-                        recorder=self.recorder, peaks=self.peaks, spans_dropped=self._spans_dropped)
+        new = Collector(
+            self.core,
+            self.requests,
+            self.sinks,
+            self.errors,
+            model=self.model,
+            operation=self.operation,
+            epoch_offset_ns=self._offset,
+            export_interval=self._interval,
+            recorder=self.recorder,
+            peaks=self.peaks,
+            spans_dropped=self._spans_dropped,
+        )
         return new
 
     def wake(self) -> None:
@@ -243,9 +268,17 @@ class Collector(threading.Thread):
         log.warning(
             "perfsdk: %d %s step(s) had %s %s 100%% (up to %.1f%%), which is impossible: the peak %s in use, %s, "
             "is wrong for this device, or the step's sizes or time are. Counted in "
-            "perfsdk_suspect_utilization_total{reason=\"%s_above_peak\"}; stats() and reports mark it suspect; "
-            "logged once.", n, PHASES[code], kind.upper(), "above", worst * 100, what,
-            self.peaks.get(kind, "(unknown)"), kind)
+            'perfsdk_suspect_utilization_total{reason="%s_above_peak"}; stats() and reports mark it suspect; '
+            "logged once.",
+            n,
+            PHASES[code],
+            kind.upper(),
+            "above",
+            worst * 100,
+            what,
+            self.peaks.get(kind, "(unknown)"),
+            kind,
+        )
 
     def _flush(self, marker: Flush) -> None:
         """Everything pushed before the marker: counted by the core, exported, out of the sinks (a drain,
@@ -266,8 +299,13 @@ class Collector(threading.Thread):
             marker.result.append(ok)
             marker.done.set()  # flush() returns even if this failed (the failure is counted)
 
-    def _batch(self, steps: StepTotals | None, ttft: Sequence[float] = (), itl: Sequence[float] = (),
-               results: Sequence[RequestResult] = ()) -> ExportBatch:
+    def _batch(
+        self,
+        steps: StepTotals | None,
+        ttft: Sequence[float] = (),
+        itl: Sequence[float] = (),
+        results: Sequence[RequestResult] = (),
+    ) -> ExportBatch:
         """One export: what was taken, with perfsdk's own losses since the last export (taken now, as deltas)."""
         d = max(self.core.dropped + self.requests.dropped - self._exported_dropped, 0)
         e = max(self.errors.count + self.core.errors - self._exported_errors, 0)
@@ -316,8 +354,9 @@ class Collector(threading.Thread):
                 continue
             times = r.token_ns
             if t < (times[-1] if times else r.arrival_ns):  # each token at or after the one before, and arrival
-                self.errors.record(ConfigError(f"t_ns {t} is before the request's arrival or its previous token"),
-                                   "step.tokens")
+                self.errors.record(
+                    ConfigError(f"t_ns {t} is before the request's arrival or its previous token"), "step.tokens"
+                )
                 continue
             r.output_tokens += n
             times.append(t)
@@ -343,12 +382,24 @@ class Collector(threading.Thread):
         off = self._offset
         raw = req.finish_reason or "stop"
         return RequestResult(
-            operation=req.operation, model=self.model, parent=req._otel_parent, start_ns=req.arrival_ns + off,
+            operation=req.operation,
+            model=self.model,
+            parent=req._otel_parent,
+            start_ns=req.arrival_ns + off,
             scheduled_ns=req.scheduled_ns + off if req.scheduled_ns is not None else None,
-            first_token_ns=first + off if first is not None else None, end_ns=end + off,
-            input_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
-            finish_reason=finish_reason_label(raw, req.error), error=req.error, request_id=req.request_id,
-            e2e_s=e2e, ttft_s=ttft, queue_s=queue, tpot_s=tpot, itl_s=gaps, raw_finish_reason=raw,
+            first_token_ns=first + off if first is not None else None,
+            end_ns=end + off,
+            input_tokens=req.prompt_tokens,
+            output_tokens=req.output_tokens,
+            finish_reason=finish_reason_label(raw, req.error),
+            error=req.error,
+            request_id=req.request_id,
+            e2e_s=e2e,
+            ttft_s=ttft,
+            queue_s=queue,
+            tpot_s=tpot,
+            itl_s=gaps,
+            raw_finish_reason=raw,
         )
 
     def _measured(self, m: MeasuredRequest) -> RequestResult:
@@ -366,12 +417,24 @@ class Collector(threading.Thread):
         end = m.end_ns
         start = end - round(m.e2e_s * 1e9)
         return RequestResult(
-            operation=self.operation, model=self.model, parent=None, start_ns=start + off,
+            operation=self.operation,
+            model=self.model,
+            parent=None,
+            start_ns=start + off,
             scheduled_ns=start + round(m.queue_s * 1e9) + off if m.queue_s is not None else None,
-            first_token_ns=start + round(ttft * 1e9) + off if ttft is not None else None, end_ns=end + off,
-            input_tokens=m.prompt_tokens, output_tokens=m.output_tokens,
-            finish_reason=finish_reason_label(m.finish_reason, m.error), error=m.error, request_id=m.request_id,
-            e2e_s=m.e2e_s, ttft_s=ttft, queue_s=m.queue_s, tpot_s=tpot, itl_s=(), raw_finish_reason=m.finish_reason,
+            first_token_ns=start + round(ttft * 1e9) + off if ttft is not None else None,
+            end_ns=end + off,
+            input_tokens=m.prompt_tokens,
+            output_tokens=m.output_tokens,
+            finish_reason=finish_reason_label(m.finish_reason, m.error),
+            error=m.error,
+            request_id=m.request_id,
+            e2e_s=m.e2e_s,
+            ttft_s=ttft,
+            queue_s=m.queue_s,
+            tpot_s=tpot,
+            itl_s=(),
+            raw_finish_reason=m.finish_reason,
         )
 
     # ---- stats ---------------------------------------------------------------------------------------
@@ -415,7 +478,9 @@ def summary(recent: RecentSteps) -> dict[str, Any]:
     }
     for name, xs in (("mbu", mbu), ("mfu", mfu)):
         if xs and max(xs) > 1:
-            out[f"{name}_suspect"] = (f"{sum(1 for v in xs if v > 1)} of the last {len(xs)} steps had {name.upper()} "
-                                      f"above 100% (up to {max(xs):.1%}), which is impossible: the peak in use or "
-                                      "the steps' sizes or times are wrong")
+            out[f"{name}_suspect"] = (
+                f"{sum(1 for v in xs if v > 1)} of the last {len(xs)} steps had {name.upper()} "
+                f"above 100% (up to {max(xs):.1%}), which is impossible: the peak in use or "
+                "the steps' sizes or times are wrong"
+            )
     return out

@@ -427,13 +427,17 @@ def metrics_endpoint(cfg: MonitorConfig, environ: Mapping[str, str] | None = Non
     local = env_int("LOCAL_RANK", 0, MAX_RANK, environ) or 0
     if port and local:
         if port + local > 65535:
-            raise ConfigError(f"PERFSDK_METRICS_PORT (environment): {port} plus LOCAL_RANK={local} is port "
-                              f"{port + local}, beyond 65535; choose a base port of at most {65535 - local}")
+            raise ConfigError(
+                f"PERFSDK_METRICS_PORT (environment): {port} plus LOCAL_RANK={local} is port "
+                f"{port + local}, beyond 65535; choose a base port of at most {65535 - local}"
+            )
         port += local
     from perfsdk.profiling.endpoint import is_loopback  # only here: the HTTP rules are not needed otherwise
 
     if not is_loopback(cfg.metrics_addr):
-        raise ConfigError(f"PERFSDK_METRICS_ADDR (environment): serving metrics on {cfg.metrics_addr!r} (not "
-                          "loopback) needs a token for POST /profile, which the environment cannot give; bind "
-                          "127.0.0.1, or call mon.serve_metrics(addr=..., token=...) yourself")
+        raise ConfigError(
+            f"PERFSDK_METRICS_ADDR (environment): serving metrics on {cfg.metrics_addr!r} (not "
+            "loopback) needs a token for POST /profile, which the environment cannot give; bind "
+            "127.0.0.1, or call mon.serve_metrics(addr=..., token=...) yourself"
+        )
     return port, cfg.metrics_addr

@@ -137,8 +137,9 @@ class DriverEvents:
         self._record_fn = _fn(py, ("cuEventRecord",), [vp, vp])  # PyDLL: keeps the GIL (hot path)
         self._query = _fn(py, ("cuEventQuery",), [vp])  # PyDLL: returns at once; no reason to drop the GIL
         self._sync = _fn(c, ("cuEventSynchronize",), [vp])  # CDLL: releases the GIL while the driver sleeps
-        self._elapsed = _fn(py, ("cuEventElapsedTime_v2", "cuEventElapsedTime"),
-                            [ctypes.POINTER(ctypes.c_float), vp, vp])
+        self._elapsed = _fn(
+            py, ("cuEventElapsedTime_v2", "cuEventElapsedTime"), [ctypes.POINTER(ctypes.c_float), vp, vp]
+        )
         self._exchange_mode = _fn(c, ("cuThreadExchangeStreamCaptureMode",), [ctypes.POINTER(i)])
         self._ms = ctypes.c_float()
         self._ms_ref = ctypes.byref(self._ms)
@@ -221,10 +222,13 @@ class DriverEvents:
             return int(ctypes.cast(f, ctypes.c_void_p).value or 0) if f is not None else 0
 
         return DriverAddresses(
-            record=self.record_address(), is_capturing=self.capture_check_address(), query=address("cuEventQuery"),
+            record=self.record_address(),
+            is_capturing=self.capture_check_address(),
+            query=address("cuEventQuery"),
             synchronize=0 if self.poll_wait else address("cuEventSynchronize"),  # 0: the core polls
             elapsed=address("cuEventElapsedTime_v2") or address("cuEventElapsedTime"),
-            ctx_set_current=address("cuCtxSetCurrent"), context=int(self._context or 0),
+            ctx_set_current=address("cuCtxSetCurrent"),
+            context=int(self._context or 0),
             exchange_capture_mode=address("cuThreadExchangeStreamCaptureMode"),
         )
 

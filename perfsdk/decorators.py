@@ -57,8 +57,9 @@ from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any, TypeVar, cast
 
 from perfsdk._guard import ErrorGuard
-from perfsdk.hotpath import NoStep, check_sizes
+from perfsdk.hotpath import NoStep
 from perfsdk.records import NO_TOKENS, UNSIZED
+from perfsdk.sizes import check_sizes
 
 __all__ = ["bare_function", "decorate"]
 

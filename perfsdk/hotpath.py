@@ -51,10 +51,9 @@ from perfsdk.records import (
     RequestQueue,
     StepRecord,
     Tokens,
-    check_count,
-    check_lens,
     lens_summary,
 )
+from perfsdk.sizes import check_sizes
 
 __all__ = ["CUDA_ERROR_INVALID_CONTEXT", "HotState", "LastEnd", "Step", "ThreadSteps"]
 
@@ -65,7 +64,6 @@ CUDA_ERROR_INVALID_CONTEXT = 201  # a driver call on a thread with no current co
 _IDLE, _OPEN, _SKIPPED = 0, 1, 2
 _new_record = tuple.__new__
 _TOKEN_ARGS = (list, tuple)  # step.tokens()'s requests as they come from serving code: taken as they are
-LENS_SQ_MAX = 2**62  # the sum of squared sequence lengths travels as a 64-bit integer (the C record's)
 
 
 def _never() -> bool:
@@ -81,33 +79,33 @@ class HotState:
     in C, starting from ``event_pool_empty`` when it is bound.
     """
 
-    core: Any                             # the step core: push(StepRecord) -> bool (C: its ring)
+    core: Any  # the step core: push(StepRecord) -> bool (C: its ring)
     errors: ErrorGuard
-    local: threading.local                # .h: this thread's LastEnd
-    clock: Callable[[], int] | None       # None: time.perf_counter_ns (C reads CLOCK_MONOTONIC itself)
+    local: threading.local  # .h: this thread's LastEnd
+    clock: Callable[[], int] | None  # None: time.perf_counter_ns (C reads CLOCK_MONOTONIC itself)
     capturing: Callable[[], bool] | None  # inside graph capture or a torch.compile trace? (None: never)
-    is_capturing_fn: int = 0              # C: cuStreamIsCapturing's address (asked about the step's stream)
-    stream: Callable[[], int] | None = None     # the current stream's handle; None: host timing
+    is_capturing_fn: int = 0  # C: cuStreamIsCapturing's address (asked about the step's stream)
+    stream: Callable[[], int] | None = None  # the current stream's handle; None: host timing
     record_on: Callable[[Any, int], int] | None = None  # record(event, stream) -> CUresult (0: success)
-    record_fn: int = 0                    # C: cuEventRecord's address
-    raise_for: Callable[[int], None] | None = None      # raise for a failed record's code
-    ensure_context: Callable[[], None] | None = None    # make the events' context current on this thread
-    pool: Any = None                      # the Python EventPool (the C core keeps its own)
+    record_fn: int = 0  # C: cuEventRecord's address
+    raise_for: Callable[[int], None] | None = None  # raise for a failed record's code
+    ensure_context: Callable[[], None] | None = None  # make the events' context current on this thread
+    pool: Any = None  # the Python EventPool (the C core keeps its own)
     nvtx_on: bool = False
     nvtx_push: Callable[[str, int], Any] = lambda phase, batch: None
     nvtx_pop: Callable[[], Any] = lambda: None
-    window: Any = None                    # the profiler window (its .wants_steps is read every step), or None
-    decorate: Callable[[Any, Any], Any] | None = None   # (step, fn) -> fn with each call one step
-    slow_step: Callable[..., Any] | None = None          # the validating constructor (odd sizes)
+    window: Any = None  # the profiler window (its .wants_steps is read every step), or None
+    decorate: Callable[[Any, Any], Any] | None = None  # (step, fn) -> fn with each call one step
+    slow_step: Callable[..., Any] | None = None  # the validating constructor (odd sizes)
     chain_gap_ns: int = 10_000
-    every: int = 1                        # time every N-th step (timing_every)
+    every: int = 1  # time every N-th step (timing_every)
     strict: bool = False
     requests: RequestQueue | None = None  # where step.tokens() records (None: nowhere)
     # the Python hot path's counters
-    event_pool_empty: int = 0             # steps counted but not timed because every event was in flight
-    last_exit: int = 0                    # exit number of the latest timed step (0: an untimed one came after)
-    exits: int = 0                        # the latest exit number handed out (timed or not)
-    count: int = 0                        # steps entered (for every)
+    event_pool_empty: int = 0  # steps counted but not timed because every event was in flight
+    last_exit: int = 0  # exit number of the latest timed step (0: an untimed one came after)
+    exits: int = 0  # the latest exit number handed out (timed or not)
+    count: int = 0  # steps entered (for every)
     exit_seq: Any = field(default_factory=lambda: itertools.count(1))
 
 
@@ -146,26 +144,6 @@ class ThreadSteps(threading.local):
         self.h = factory(pool)
 
 
-def check_sizes(phase: str, batch: Any, tokens: Any, context_tokens: Any,
-                seq_lens: Any) -> tuple[int, int, int, tuple[int, ...] | None, bool]:
-    """Validated sizes ``(batch, tokens or NO_TOKENS, context_tokens, seq_lens, dynamic)``.
-
-    Raises :class:`ConfigError` naming the field. Callables are kept as they are (``dynamic``: only the
-    decorator form can call them with the step's arguments).
-    """
-    ctx_name = "cached_tokens" if phase == "prefill" else "context_tokens"
-    dynamic = any(callable(v) for v in (batch, tokens, context_tokens, seq_lens))
-    b = batch if callable(batch) else check_count("batch", batch)
-    t = tokens if callable(tokens) else (NO_TOKENS if tokens is None else check_count("tokens", tokens))
-    c = context_tokens if callable(context_tokens) else check_count(ctx_name, context_tokens)
-    lens: Any = seq_lens
-    if seq_lens is not None and not callable(seq_lens):
-        lens = check_lens("seq_lens" if phase == "prefill" else "prefill_seq_lens", seq_lens)
-    if not dynamic and lens_summary(PHASE_CODES[phase], b, t, lens)[1] >= LENS_SQ_MAX:
-        raise ConfigError(f"{phase}: sequence lengths {lens if lens is not None else t!r} are beyond any real step")
-    return b, t, c, lens, dynamic
-
-
 class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step registers as a Step)
     """One prefill, decode or mixed step: a context manager and a decorator.
 
@@ -178,27 +156,49 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
     ``isinstance(step, perfsdk.Step)`` holds for the C implementation too.
     """
 
-    __slots__ = ("_batch", "_code", "_context_tokens", "_dynamic", "_emitted", "_ev", "_hot", "_lens", "_outer",
-                 "_phase", "_seq_lens", "_state", "_stream", "_t0", "_tokens")
+    __slots__ = (
+        "_batch",
+        "_code",
+        "_context_tokens",
+        "_dynamic",
+        "_emitted",
+        "_ev",
+        "_hot",
+        "_lens",
+        "_outer",
+        "_phase",
+        "_seq_lens",
+        "_state",
+        "_stream",
+        "_t0",
+        "_tokens",
+    )
 
-    def __init__(self, hot: HotState, phase: str, batch: Any, tokens: Any, context_tokens: Any,
-                 seq_lens: Any) -> None:
+    def __init__(self, hot: HotState, phase: str, batch: Any, tokens: Any, context_tokens: Any, seq_lens: Any) -> None:
         self._hot = hot
         self._phase = phase
         code = self._code = PHASE_CODES[phase]
         # fast path: plain ints; anything else goes through validation (and may be a callable)
-        if (type(batch) is int and 0 <= batch <= MAX_COUNT and type(context_tokens) is int
-                and 0 <= context_tokens <= MAX_COUNT and (tokens is None or (type(tokens) is int
-                                                                             and 0 <= tokens < 2**31))
-                and seq_lens is None):
+        if (
+            type(batch) is int
+            and 0 <= batch <= MAX_COUNT
+            and type(context_tokens) is int
+            and 0 <= context_tokens <= MAX_COUNT
+            and (tokens is None or (type(tokens) is int and 0 <= tokens < 2**31))
+            and seq_lens is None
+        ):
             self._batch, self._context_tokens, self._seq_lens, self._dynamic = batch, context_tokens, None, False
             self._tokens = NO_TOKENS if tokens is None else tokens
         else:
             self._batch, self._tokens, self._context_tokens, self._seq_lens, self._dynamic = check_sizes(
-                phase, batch, tokens, context_tokens, seq_lens)
+                phase, batch, tokens, context_tokens, seq_lens
+            )
         # what the step's cost needs of its sequence lengths, once (as the C step does)
-        self._lens = (0, 0, 0) if code == DECODE or self._dynamic else lens_summary(
-            code, self._batch, self._tokens, self._seq_lens)
+        self._lens = (
+            (0, 0, 0)
+            if code == DECODE or self._dynamic
+            else lens_summary(code, self._batch, self._tokens, self._seq_lens)
+        )
         self._state = _IDLE
         self._t0 = 0
         self._ev: Any = None  # None: no events; False: not timed; (start, end): held events
@@ -314,8 +314,7 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
         h = hot.local.h
         now = self._t0 = clock()
         last = h.ev
-        if (last is not None and h.seq == hot.last_exit and h.stream == stream
-                and now - h.t1 < hot.chain_gap_ns):
+        if last is not None and h.seq == hot.last_exit and h.stream == stream and now - h.t1 < hot.chain_gap_ns:
             h.ev = None  # the thread's hold on it becomes this step's
             self._ev = (last, end)
             return
@@ -390,8 +389,24 @@ class Step(metaclass=abc.ABCMeta):  # noqa: B024 (ABC only so that the C Step re
             s, sq, n = self._lens
             # tuple.__new__ skips the NamedTuple's Python-level __new__ (the same object, a frame cheaper)
             error = None if exc_type is None else exc_type.__qualname__
-            rec = _new_record(StepRecord, (self._code, timing, t0, t1, start, end, self._batch, self._tokens,
-                                           self._context_tokens, s, sq, n, error))
+            rec = _new_record(
+                StepRecord,
+                (
+                    self._code,
+                    timing,
+                    t0,
+                    t1,
+                    start,
+                    end,
+                    self._batch,
+                    self._tokens,
+                    self._context_tokens,
+                    s,
+                    sq,
+                    n,
+                    error,
+                ),
+            )
             if not hot.core.push(rec) and ev:
                 _let_go(hot, ev)  # dropped (the core is behind): the step's holds end here
             w = hot.window
@@ -472,15 +487,3 @@ def _let_go(hot: HotState, ev: tuple[Any, Any]) -> None:
                 pool.unref(e)
             except Exception:
                 pass
-
-
-def host_step(phase: str, seconds: float, end_ns: int, batch: Any, tokens: Any, context_tokens: Any,
-              seq_lens: Sequence[int] | None) -> StepRecord:
-    """The record of a step someone else timed (:meth:`perfsdk.Monitor.record_step`). Raises ConfigError."""
-    b, t, c, lens, dynamic = check_sizes(phase, batch, tokens, context_tokens, seq_lens)
-    if dynamic:
-        raise ConfigError("record_step: sizes must be values, not callables")
-    code = PHASE_CODES[phase]
-    s, sq, n = lens_summary(code, b, t, lens)
-    return StepRecord(code, HOST, end_ns - round(seconds * 1e9), end_ns, None, None, b, t, c, s, sq, n, None)
-

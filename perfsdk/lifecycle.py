@@ -152,8 +152,9 @@ def serve(mon: Any, port: int | None, addr: str, token: str | None) -> MetricsSe
                 f"serve_metrics: this Monitor already serves {running.url}; close it first to serve {addr}:{port}"
             )
         return running
-    server = mon._server = MetricsServer(mon, port=9400 if port is None else port, addr=addr, token=token,
-                                         errors=mon._errors)
+    server = mon._server = MetricsServer(
+        mon, port=9400 if port is None else port, addr=addr, token=token, errors=mon._errors
+    )
     return server
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from perfsdk.errors import ConfigError
-from perfsdk.hotpath import host_step
 from perfsdk.records import PHASES, MeasuredRequest, StepRecord, check_count, finite_seconds
+from perfsdk.sizes import host_step
 
 __all__ = ["check_end_ns", "measured_request", "measured_step"]
 

@@ -53,17 +53,15 @@ import io
 import json
 import logging
 import os
-import socket
-import sys
 import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
 from perfsdk._guard import ErrorGuard
 from perfsdk.config import check_int, check_number
 from perfsdk.errors import ConfigError
+from perfsdk.http_limits import BoundedServer, RequestReader, SocketWriter
 from perfsdk.profiling import endpoint
 
 __all__ = ["MetricsHost", "MetricsServer"]
@@ -80,6 +78,7 @@ class MetricsHost(Protocol):
     def profile_status(self) -> dict[str, Any] | None: ...
 
     def cancel_profile(self, reason: str = "cancelled") -> bool: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +100,29 @@ class MetricsServer:
     requests are served from :meth:`start` on (*start* True: at once).
     """
 
-    def __init__(self, mon: MetricsHost, port: int = 9400, addr: str = "127.0.0.1", token: str | None = None, *,
-                 errors: ErrorGuard | None = None, drain_timeout: float = 1.0,
-                 max_connections: int = MAX_CONNECTIONS, read_timeout: float = READ_TIMEOUT,
-                 write_timeout: float = WRITE_TIMEOUT, start: bool = True) -> None:
+    def __init__(
+        self,
+        mon: MetricsHost,
+        port: int = 9400,
+        addr: str = "127.0.0.1",
+        token: str | None = None,
+        *,
+        errors: ErrorGuard | None = None,
+        drain_timeout: float = 1.0,
+        max_connections: int = MAX_CONNECTIONS,
+        read_timeout: float = READ_TIMEOUT,
+        write_timeout: float = WRITE_TIMEOUT,
+        start: bool = True,
+    ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ConfigError(f"port: expected an integer within 0..65535, got {port!r}")
-        endpoint.check_bind(addr, token, "addr", "the metrics server",
-                            "token=... to protect POST and DELETE /profile; pass a token or bind 127.0.0.1")
+        endpoint.check_bind(
+            addr,
+            token,
+            "addr",
+            "the metrics server",
+            "token=... to protect POST and DELETE /profile; pass a token or bind 127.0.0.1",
+        )
         self.max_connections = check_int("max_connections", max_connections, 1, 4096)
         self.read_timeout = check_number("read_timeout", read_timeout, 0, 3600, open_low=True)
         self.write_timeout = check_number("write_timeout", write_timeout, 0, 3600, open_low=True)
@@ -123,7 +137,7 @@ class MetricsServer:
         self._refused = 0
         handler = _make_handler(self)
         try:
-            self._httpd = _QuietServer((addr, port), handler, self)
+            self._httpd = BoundedServer((addr, port), handler, self)
         except OSError as e:
             raise ConfigError(f"port: cannot serve metrics on {addr}:{port}: {e.strerror or e}") from e
         self.addr = addr
@@ -198,7 +212,6 @@ class MetricsServer:
         """Connections held now (at most ``max_connections``, plus evicted ones whose thread is ending)."""
         return self._httpd.open_connections()
 
-
     def _count(self, what: str) -> None:
         with self._counts_lock:
             if what == "slow":
@@ -221,8 +234,12 @@ class MetricsServer:
         with self._counts_lock:
             self._failures += 1
             first = self._failures == 1
-        log.log(logging.WARNING if first else logging.DEBUG, "metrics server: a request from %s failed",
-                client, exc_info=exc)
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "metrics server: a request from %s failed",
+            client,
+            exc_info=exc,
+        )
 
     # ---- request handling (server threads) --------------------------------
     def metrics(self) -> tuple[bytes, str]:
@@ -263,174 +280,19 @@ class MetricsServer:
             return 500, {"error": f"{type(e).__name__}: {e}"}
 
 
-class _Conn:
-    """One accepted connection: its socket, and whether its request has been read (then it is being answered)."""
-
-    __slots__ = ("answering", "deadline", "evicted", "sock")
-
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self.sock = sock
-        self.deadline = deadline
-        self.answering = False
-        self.evicted = False
-
-
-class _QuietServer(ThreadingHTTPServer):
-    """``ThreadingHTTPServer`` with bounded connections, and request errors that go to the owner, not to
-    ``traceback.print_exc()``."""
-
-    daemon_threads = True
-    block_on_close = False  # server_close() wakes every handler (shuts its socket down) instead of joining it
-    request_queue_size = 64  # listen backlog: a burst of connections waits for accept() rather than being reset
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], owner: MetricsServer) -> None:
-        self._owner = owner
-        self._conns: dict[socket.socket, _Conn] = {}  # in accept order: the first still reading is the oldest
-        self._conns_lock = threading.Lock()
-        super().__init__(address, handler)
-
-    def open_connections(self) -> int:
-        with self._conns_lock:
-            return len(self._conns)
-
-    def conn(self, sock: socket.socket) -> _Conn | None:
-        with self._conns_lock:
-            return self._conns.get(sock)
-
-    def start_answering(self, sock: socket.socket) -> bool:
-        """The request has been read: its connection may no longer be evicted (False if it was meanwhile)."""
-        with self._conns_lock:
-            c = self._conns.get(sock)
-            if c is None or c.evicted:
-                return False
-            c.answering = True
-            return True
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        owner = self._owner
-        refuse = False
-        with self._conns_lock:
-            live = [c for c in self._conns.values() if not c.evicted]
-            if len(live) >= owner.max_connections:
-                # the oldest connection still sending its request: idle or trickling (a scraper sends at once)
-                victim = next((c for c in live if not c.answering), None)
-                if victim is None or len(self._conns) >= 2 * owner.max_connections:
-                    refuse = True
-                else:
-                    victim.evicted = True
-                    try:
-                        victim.sock.shutdown(socket.SHUT_RDWR)  # wakes its handler: its read ends at once
-                    except OSError:
-                        pass
-            if not refuse:
-                self._conns[request] = _Conn(request, time.monotonic() + owner.read_timeout)
-        if refuse:
-            owner._count("refused")
-            try:  # a fresh socket's send buffer is empty: this never blocks the accepting thread
-                request.send(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
-                             b"Connection: close\r\n\r\n", socket.MSG_DONTWAIT)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except Exception:  # no thread for it (the process is out of threads): close it, keep accepting
-            self.handle_error(request, client_address)
-            self.shutdown_request(request)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._conns_lock:
-            self._conns.pop(request, None)
-        super().shutdown_request(request)
-
-    def server_close(self) -> None:
-        super().server_close()
-        with self._conns_lock:
-            socks = list(self._conns)
-        for sock in socks:  # each handler's read or write ends at once; its thread closes the socket
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # socketserver calls this from inside the except block: the exception is the current one
-        self._owner._request_failed(client_address, sys.exc_info()[1])
-
-
-class _RequestReader(io.RawIOBase):
-    """The socket's read side, under one deadline for the whole request (line and headers), however the
-    client trickles it: each read waits at most the time left, and none starts once it has passed."""
-
-    def __init__(self, server: _QuietServer, sock: socket.socket) -> None:
-        self._server = server
-        self._sock = sock
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf: Any) -> int:
-        conn = self._server.conn(self._sock)
-        if conn is None:
-            return 0
-        left = conn.deadline - time.monotonic()
-        if left <= 0 or conn.evicted:
-            raise self._stalled(conn)
-        self._sock.settimeout(left)
-        try:
-            n = self._sock.recv_into(buf)
-        except TimeoutError:
-            raise self._stalled(conn) from None
-        except OSError:
-            if conn.evicted:
-                raise self._stalled(conn) from None
-            raise
-        if n == 0 and conn.evicted:
-            raise self._stalled(conn)
-        return n
-
-    def _stalled(self, conn: _Conn) -> TimeoutError:
-        # BaseHTTPRequestHandler ends the connection quietly on a TimeoutError while it reads the request
-        self._server._owner._count("slow")
-        why = "evicted for a new connection" if conn.evicted else "read_timeout passed"
-        return TimeoutError(f"the request was not complete: {why}")
-
-
-class _SocketWriter(io.BufferedIOBase):
-    """The socket's write side: ``sendall`` under the socket's timeout (``write_timeout`` for the whole answer)."""
-
-    def __init__(self, owner: MetricsServer, sock: socket.socket) -> None:
-        self._owner = owner
-        self._sock = sock
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        try:
-            self._sock.sendall(b)
-        except TimeoutError:
-            # counted here: BaseHTTPRequestHandler ends the connection quietly on a TimeoutError
-            self._owner._count("slow")
-            raise
-        with memoryview(b) as view:
-            return view.nbytes
-
-
 def _make_handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def setup(self) -> None:
             # StreamRequestHandler.setup, with a reader under the request's deadline
-            httpd: _QuietServer = self.server  # type: ignore[assignment]
+            httpd: BoundedServer = self.server  # type: ignore[assignment]
             self.connection = self.request
-            self.rfile = io.BufferedReader(_RequestReader(httpd, self.connection))
-            self.wfile = _SocketWriter(server, self.connection)
+            self.rfile = io.BufferedReader(RequestReader(httpd, self.connection))
+            self.wfile = SocketWriter(server, self.connection)
 
         def parse_request(self) -> bool:
             if not super().parse_request():
                 return False
-            httpd: _QuietServer = self.server  # type: ignore[assignment]
+            httpd: BoundedServer = self.server  # type: ignore[assignment]
             if not httpd.start_answering(self.connection):
                 self.close_connection = True
                 return False

@@ -48,55 +48,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from perfsdk.dtypes import dtype_bytes, quantized_weight_dtype
 from perfsdk.errors import ConfigError, UnknownModelError, suggest
+from perfsdk.model_table import KNOWN_MODELS, MODEL_ALIASES
 
 __all__ = ["KNOWN_MODELS", "ModelSpec", "dtype_bytes", "quantized_weight_dtype"]
-
-# bytes per element by dtype name; torch spellings ("torch.bfloat16") are accepted too
-_DTYPE_BYTES: dict[str, float] = {
-    "float32": 4, "fp32": 4, "float": 4, "tf32": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1, "uint8": 1,
-    "int4": 0.5, "fp4": 0.5, "nvfp4": 0.5, "mxfp4": 0.5,
-}
-
-
-def quantized_weight_dtype(quantization_config: Mapping[str, Any] | Any | None) -> str | None:
-    """The stored weight dtype a Hugging Face ``quantization_config`` describes, or None (not quantized,
-    or a scheme not recognised). FP8 (``fp8``, ``fbgemm_fp8``, ModelOpt FP8), GPTQ/AWQ/Marlin with their
-    ``bits``, compressed-tensors' weight groups, bitsandbytes, MXFP4 and NVFP4."""
-    q = _as_dict(quantization_config) if quantization_config is not None else {}
-    if not q:
-        return None
-    method = str(q.get("quant_method") or q.get("quantization") or "").lower()
-    algo = str(q.get("quant_algo") or "").lower()
-    if method in ("fp8", "fbgemm_fp8", "ptpc_fp8") or algo == "fp8":
-        return "fp8"
-    if method in ("mxfp4",) or "mxfp4" in algo:
-        return "mxfp4"
-    if method in ("nvfp4", "modelopt_fp4") or "nvfp4" in algo:
-        return "nvfp4"
-    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "marlin", "exl2", "hqq", "quark") or "bits" in q:
-        bits = q.get("bits") or q.get("w_bit")
-        return {4: "int4", 8: "int8"}.get(int(bits)) if bits else None
-    if method == "bitsandbytes":
-        return "int4" if q.get("load_in_4bit") else ("int8" if q.get("load_in_8bit") else None)
-    if method == "compressed-tensors":
-        for group in (q.get("config_groups") or {}).values():
-            w = (group or {}).get("weights") or {}
-            bits, kind = w.get("num_bits"), str(w.get("type") or "int")
-            if bits in (4, 8):
-                return ("fp8" if bits == 8 else "fp4") if kind == "float" else f"int{bits}"
-    return None
-
-
-def dtype_bytes(dtype: str | Any) -> float:
-    """Bytes per element of a dtype name or torch dtype (``"bfloat16"`` → 2, ``"int4"`` → 0.5)."""
-    key = str(dtype).removeprefix("torch.").lower()
-    try:
-        return _DTYPE_BYTES[key]
-    except KeyError:
-        raise ConfigError(f"dtype: unknown dtype {dtype!r}.{suggest(key, _DTYPE_BYTES)}") from None
 
 
 def _positive(field: str, value: float | None, *, integer: bool = False) -> None:
@@ -144,11 +100,15 @@ class ModelSpec:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ConfigError(f"{f}: must be a non-negative number, got {v!r}")
         if self.embedding_bytes >= self.weight_bytes:
-            raise ConfigError(f"embedding_bytes: {self.embedding_bytes!r} must be less than weight_bytes "
-                              f"{self.weight_bytes!r} (the table is part of the weights)")
+            raise ConfigError(
+                f"embedding_bytes: {self.embedding_bytes!r} must be less than weight_bytes "
+                f"{self.weight_bytes!r} (the table is part of the weights)"
+            )
         if self.embedding_row_bytes > self.embedding_bytes:
-            raise ConfigError(f"embedding_row_bytes: a row ({self.embedding_row_bytes!r} B) cannot exceed its "
-                              f"table ({self.embedding_bytes!r} B)")
+            raise ConfigError(
+                f"embedding_row_bytes: a row ({self.embedding_row_bytes!r} B) cannot exceed its "
+                f"table ({self.embedding_bytes!r} B)"
+            )
         for f in ("layers", "heads", "kv_heads", "head_dim", "tp"):
             _positive(f, getattr(self, f), integer=True)
         _positive("kv_bytes", self.kv_bytes)
@@ -193,7 +153,7 @@ class ModelSpec:
     def named(cls, name: str, dtype: str = "bfloat16", *, kv_dtype: str | None = None) -> ModelSpec:
         """A model from :data:`KNOWN_MODELS` (``"llama-3-8b"``, ``"mistral-7b"``, …)."""
         key = name.strip().lower().replace("_", "-").replace(" ", "-")
-        key = _MODEL_ALIASES.get(key, key)
+        key = MODEL_ALIASES.get(key, key)
         if key not in KNOWN_MODELS:
             raise UnknownModelError(
                 f"model: unknown model {name!r}.{suggest(key, KNOWN_MODELS)} Known: {', '.join(sorted(KNOWN_MODELS))}. "
@@ -242,8 +202,14 @@ class ModelSpec:
                     f"HF config: hidden_size {hidden} is not divisible by num_attention_heads {heads}; give head_dim"
                 )
             head_dim = hidden // heads
-        for f, v in (("hidden_size", hidden), ("num_hidden_layers", layers), ("num_attention_heads", heads),
-                     ("num_key_value_heads", kv_heads), ("vocab_size", vocab), ("head_dim", head_dim)):
+        for f, v in (
+            ("hidden_size", hidden),
+            ("num_hidden_layers", layers),
+            ("num_attention_heads", heads),
+            ("num_key_value_heads", kv_heads),
+            ("vocab_size", vocab),
+            ("head_dim", head_dim),
+        ):
             _positive(f"HF config {f}", v, integer=True)
         if heads % kv_heads:
             raise ConfigError(f"HF config: num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
@@ -402,9 +368,14 @@ class ModelSpec:
             raise ConfigError(f"tp: this spec is already per GPU of tp={self.tp}")
         if self.heads is not None and self.heads % tp:
             raise ConfigError(f"tp: {tp} GPUs do not divide {self.heads} attention heads")
-        return dataclasses.replace(self, params=self.params / tp, weight_bytes=self.weight_bytes / tp, tp=tp,
-                                   embedding_bytes=self.embedding_bytes / tp,
-                                   embedding_row_bytes=self.embedding_row_bytes / tp)
+        return dataclasses.replace(
+            self,
+            params=self.params / tp,
+            weight_bytes=self.weight_bytes / tp,
+            tp=tp,
+            embedding_bytes=self.embedding_bytes / tp,
+            embedding_row_bytes=self.embedding_row_bytes / tp,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -433,36 +404,3 @@ def _shared_weight_ids(module: Any) -> set[int]:
     for _, p in module.named_parameters(remove_duplicate=False):
         counts[id(p)] = counts.get(id(p), 0) + 1
     return {k for k, c in counts.items() if c > 1}
-
-
-def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int, **extra: Any) -> dict[str, Any]:
-    return {"model_type": "llama", "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab,
-            "tie_word_embeddings": False, **extra}
-
-
-# Sizes from each model's published config.json (Hugging Face hub), so the parameter counts are
-# derived, not typed: llama-2-7b → 6.74 B, llama-3-8b → 8.03 B, llama-3-70b → 70.6 B.
-KNOWN_MODELS: dict[str, dict[str, Any]] = {
-    "llama-2-7b": _llama(4096, 11008, 32, 32, 32, 32000),
-    "llama-2-13b": _llama(5120, 13824, 40, 40, 40, 32000),
-    "llama-2-70b": _llama(8192, 28672, 80, 64, 8, 32000),
-    "llama-3-8b": _llama(4096, 14336, 32, 32, 8, 128256),
-    "llama-3-70b": _llama(8192, 28672, 80, 64, 8, 128256),
-    "llama-3.1-405b": _llama(16384, 53248, 126, 128, 8, 128256),
-    "llama-3.2-1b": _llama(2048, 8192, 16, 32, 8, 128256, tie_word_embeddings=True, head_dim=64),
-    "tinyllama-1.1b": _llama(2048, 5632, 22, 32, 4, 32000),
-    "mistral-7b": {**_llama(4096, 14336, 32, 32, 8, 32000), "model_type": "mistral"},
-    "mixtral-8x7b": {**_llama(4096, 14336, 32, 32, 8, 32000), "model_type": "mixtral",
-                     "num_local_experts": 8, "num_experts_per_tok": 2},
-    "qwen2.5-7b": {**_llama(3584, 18944, 28, 28, 4, 152064), "model_type": "qwen2"},
-    "qwen2.5-72b": {**_llama(8192, 29568, 80, 64, 8, 152064), "model_type": "qwen2"},
-    "gemma-2-9b": {**_llama(3584, 14336, 42, 16, 8, 256000, head_dim=256, tie_word_embeddings=True),
-                   "model_type": "gemma2"},
-}
-
-_MODEL_ALIASES: dict[str, str] = {
-    "llama2-7b": "llama-2-7b", "llama-7b": "llama-2-7b", "llama3-8b": "llama-3-8b",
-    "llama-3.1-8b": "llama-3-8b", "llama3-70b": "llama-3-70b", "llama-3.1-70b": "llama-3-70b",
-    "llama-3.3-70b": "llama-3-70b", "mistral-7b-v0.1": "mistral-7b", "qwen2.5-72b-instruct": "qwen2.5-72b",
-}

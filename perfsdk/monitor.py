@@ -63,6 +63,11 @@ not collide.
 A failed constructor leaves nothing running; calls on a closed Monitor are counted no-ops or raise
 :class:`~perfsdk.errors.MonitorClosedError`; a Monitor keeps working in an ``os.fork()`` child: see
 :mod:`perfsdk.lifecycle`.
+
+Why this module is over 500 lines: it is the public API and its guide — this docstring, ``Monitor``'s
+argument list (one argument a line under ``ruff format``) and a docstring for every public method; each
+method is a few lines that hand over to :mod:`perfsdk.recorder`, :mod:`perfsdk.lifecycle` or
+:mod:`perfsdk.collector` (``tests/test_layout.py`` keeps its code lines few).
 """
 
 from __future__ import annotations
@@ -80,14 +85,7 @@ from perfsdk.errors import ConfigError, MonitorClosedError
 from perfsdk.hotpath import NoStep, Step
 from perfsdk.measured import check_end_ns, measured_request, measured_step
 from perfsdk.model import ModelSpec
-from perfsdk.records import (
-    NULL_REQUEST,
-    MeasuredLatencies,
-    Request,
-    check_count,
-    negative_seconds,
-    seconds_list,
-)
+from perfsdk.records import NULL_REQUEST, MeasuredLatencies, Request, check_count, negative_seconds, seconds_list
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -187,11 +185,25 @@ class Monitor:
         _events: Any = None,
     ) -> None:
         cfg = MonitorConfig.from_env(
-            enabled=enabled, service=service, model_name=model_name, nvtx=nvtx, otel=otel, timing=timing,
-            cuda_events=cuda_events, hot_path=hot_path, queue_size=queue_size, event_pool_size=event_pool_size,
-            timing_every=timing_every, chain_gap_us=chain_gap_us, step_span_rate=step_span_rate,
-            poll_interval=poll_interval, export_interval=export_interval, strict=strict, operation=operation,
-            compute_dtype=compute_dtype, rank=None if rank is _UNSET else "none" if rank is None else rank,
+            enabled=enabled,
+            service=service,
+            model_name=model_name,
+            nvtx=nvtx,
+            otel=otel,
+            timing=timing,
+            cuda_events=cuda_events,
+            hot_path=hot_path,
+            queue_size=queue_size,
+            event_pool_size=event_pool_size,
+            timing_every=timing_every,
+            chain_gap_us=chain_gap_us,
+            step_span_rate=step_span_rate,
+            poll_interval=poll_interval,
+            export_interval=export_interval,
+            strict=strict,
+            operation=operation,
+            compute_dtype=compute_dtype,
+            rank=None if rank is _UNSET else "none" if rank is None else rank,
         )
         if clock is not None and not callable(clock):
             raise ConfigError(f"clock: expected a () -> int nanoseconds callable, got {clock!r}")
@@ -215,10 +227,20 @@ class Monitor:
             self.hardware = assembly.resolve_hardware(self._hardware_asked)
             self.compute_dtype = cfg.compute_dtype or assembly.default_compute_dtype(self.model)
             parts = self._parts = assembly.assemble(
-                cfg, model=self.model, hardware=self.hardware, compute_dtype=self.compute_dtype,
-                model_name=self.model_name, registry=registry, prometheus=prometheus, tracer_provider=tracer_provider,
-                clock=self._clock, epoch_offset_ns=self._epoch_offset_ns, errors=self._errors, events=_events,
-                meter_provider=meter_provider)
+                cfg,
+                model=self.model,
+                hardware=self.hardware,
+                compute_dtype=self.compute_dtype,
+                model_name=self.model_name,
+                registry=registry,
+                prometheus=prometheus,
+                tracer_provider=tracer_provider,
+                clock=self._clock,
+                epoch_offset_ns=self._epoch_offset_ns,
+                errors=self._errors,
+                events=_events,
+                meter_provider=meter_provider,
+            )
             self.nvtx_backend, self.rank, self.registry = parts.nvtx_backend, parts.rank, parts.registry
             # read on every step or request: bound once (an attribute lookup fewer each time)
             self._recorder, self._requests, self._compiling = parts.recorder, parts.requests, parts.recorder.compiling
@@ -245,8 +267,14 @@ class Monitor:
         return self._recorder.hot_path
 
     # ---- the serving thread's API -----------------------------------------------------------------
-    def request(self, prompt_tokens: int = 0, *, operation: str | None = None, request_id: str | None = None,
-                arrival_ns: int | None = None) -> Request:
+    def request(
+        self,
+        prompt_tokens: int = 0,
+        *,
+        operation: str | None = None,
+        request_id: str | None = None,
+        arrival_ns: int | None = None,
+    ) -> Request:
         """A request arrived now (or at *arrival_ns* on this Monitor's clock)."""
         if not self._life.on:
             self._life.refused("request")
@@ -266,8 +294,14 @@ class Monitor:
                 parent = self._otel_context()
             except Exception as e:
                 self._errors.record(e, "request context")
-        return Request(self._requests, prompt_tokens, self._clock() if arrival_ns is None else arrival_ns,
-                       operation or self.operation, request_id, parent)
+        return Request(
+            self._requests,
+            prompt_tokens,
+            self._clock() if arrival_ns is None else arrival_ns,
+            operation or self.operation,
+            request_id,
+            parent,
+        )
 
     def tokens(self, requests: Sequence[Request], n: int = 1) -> None:
         """*n* tokens (default 1) each for *requests*, emitted now: one call for a batch (inside a step:
@@ -278,9 +312,14 @@ class Monitor:
             return
         self._requests.tokens_now("tokens", requests, n)
 
-    def prefill(self, tokens: int | Callable[..., int] | None = None, batch: int | Callable[..., int] = 1, *,
-                seq_lens: Sequence[int] | Callable[..., Sequence[int]] | None = None,
-                cached_tokens: int | Callable[..., int] = 0) -> Step:
+    def prefill(
+        self,
+        tokens: int | Callable[..., int] | None = None,
+        batch: int | Callable[..., int] = 1,
+        *,
+        seq_lens: Sequence[int] | Callable[..., Sequence[int]] | None = None,
+        cached_tokens: int | Callable[..., int] = 0,
+    ) -> Step:
         """One prefill step of *batch* sequences, *tokens* prompt tokens in all (or their *seq_lens*).
 
         ``cached_tokens``: prefix tokens already in the KV cache (read, not recomputed; the new tokens attend
@@ -296,21 +335,33 @@ class Monitor:
             return NoStep("decode")
         return self._recorder.make("decode", batch, None, context_tokens, None)  # type: ignore[no-any-return]
 
-    def mixed(self, prefill_seq_lens: Sequence[int] | Callable[..., Sequence[int]] = (),
-              decode_batch: int | Callable[..., int] = 0,
-              context_tokens: int | Callable[..., int] = 0) -> Step:
+    def mixed(
+        self,
+        prefill_seq_lens: Sequence[int] | Callable[..., Sequence[int]] = (),
+        decode_batch: int | Callable[..., int] = 0,
+        context_tokens: int | Callable[..., int] = 0,
+    ) -> Step:
         """A chunked-prefill + decode step: prefill chunks of *prefill_seq_lens* tokens, and *decode_batch*
         sequences decoding over *context_tokens* context tokens in all. Reports MBU and MFU."""
         if self._compiling():  # torch.compile traces this call: a no-op step there
             return NoStep("mixed")
         return self._recorder.make(  # type: ignore[no-any-return]
-            "mixed", decode_batch, None, context_tokens, prefill_seq_lens)
+            "mixed", decode_batch, None, context_tokens, prefill_seq_lens
+        )
 
     # ---- values measured elsewhere (engines that time themselves, perfsdk.engines): through the same core,
     # collector, histograms and spans as those perfsdk measures
-    def record_step(self, phase: str, seconds: float, *, batch: int = 1, tokens: int | None = None,
-                    context_tokens: int = 0, seq_lens: Sequence[int] | None = None,
-                    end_ns: int | None = None) -> None:
+    def record_step(
+        self,
+        phase: str,
+        seconds: float,
+        *,
+        batch: int = 1,
+        tokens: int | None = None,
+        context_tokens: int = 0,
+        seq_lens: Sequence[int] | None = None,
+        end_ns: int | None = None,
+    ) -> None:
         """A step someone else timed (*seconds*, ending now or at *end_ns*): counted, timed and costed
         (bytes, FLOPs, MBU, MFU) like a step perfsdk timed itself. Sizes as in :meth:`prefill`,
         :meth:`decode` and :meth:`mixed` (for ``"mixed"``: *batch* decoding sequences, *seq_lens* the
@@ -320,8 +371,15 @@ class Monitor:
             return
         try:
             check_end_ns("record_step", end_ns)
-            rec = measured_step(phase, seconds, self._clock() if end_ns is None else end_ns, batch=batch,
-                                tokens=tokens, context_tokens=context_tokens, seq_lens=seq_lens)
+            rec = measured_step(
+                phase,
+                seconds,
+                self._clock() if end_ns is None else end_ns,
+                batch=batch,
+                tokens=tokens,
+                context_tokens=context_tokens,
+                seq_lens=seq_lens,
+            )
         except ConfigError as e:
             self._requests.refuse("record_step", str(e))
             return
@@ -344,10 +402,21 @@ class Monitor:
         if ttft or itl:
             self._requests.push(MeasuredLatencies(ttft, itl))
 
-    def record_finished(self, *, e2e_s: float, queue_s: float | None = None, prefill_s: float | None = None,
-                        ttft_s: float | None = None, tpot_s: float | None = None, prompt_tokens: int = 0,
-                        output_tokens: int = 0, finish_reason: str = "stop", error: str | None = None,
-                        request_id: str | None = None, end_ns: int | None = None) -> None:
+    def record_finished(
+        self,
+        *,
+        e2e_s: float,
+        queue_s: float | None = None,
+        prefill_s: float | None = None,
+        ttft_s: float | None = None,
+        tpot_s: float | None = None,
+        prompt_tokens: int = 0,
+        output_tokens: int = 0,
+        finish_reason: str = "stop",
+        error: str | None = None,
+        request_id: str | None = None,
+        end_ns: int | None = None,
+    ) -> None:
         """A finished request someone else timed (seconds; it ended now or at *end_ns*).
 
         Observed: request duration (*e2e_s*), queue time, and time per output token (*tpot_s*, or
@@ -362,10 +431,19 @@ class Monitor:
             return
         try:
             check_end_ns("record_finished", end_ns)
-            rec = measured_request(self._clock() if end_ns is None else end_ns, e2e_s=e2e_s, queue_s=queue_s,
-                                   prefill_s=prefill_s, ttft_s=ttft_s, tpot_s=tpot_s, prompt_tokens=prompt_tokens,
-                                   output_tokens=output_tokens, finish_reason=finish_reason, error=error,
-                                   request_id=request_id)
+            rec = measured_request(
+                self._clock() if end_ns is None else end_ns,
+                e2e_s=e2e_s,
+                queue_s=queue_s,
+                prefill_s=prefill_s,
+                ttft_s=ttft_s,
+                tpot_s=tpot_s,
+                prompt_tokens=prompt_tokens,
+                output_tokens=output_tokens,
+                finish_reason=finish_reason,
+                error=error,
+                request_id=request_id,
+            )
         except ConfigError as e:
             self._requests.refuse("record_finished", str(e))
             return
@@ -397,8 +475,9 @@ class Monitor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def serve_metrics(self, port: int | None = None, addr: str = "127.0.0.1", *,
-                      token: str | None = None) -> MetricsServer:
+    def serve_metrics(
+        self, port: int | None = None, addr: str = "127.0.0.1", *, token: str | None = None
+    ) -> MetricsServer:
         """Serve ``GET /metrics`` (and ``POST /profile``, a profiler-window trigger) on a daemon thread.
 
         *port*: default 9400; 0 picks a free one. Binding anywhere but loopback requires *token* for the
@@ -471,8 +550,9 @@ class Monitor:
             old.close()
         return new
 
-    def profile(self, steps: int | None = None, mode: str | None = None, reason: str = "api", *,
-                steady: bool = True) -> Any:
+    def profile(
+        self, steps: int | None = None, mode: str | None = None, reason: str = "api", *, steady: bool = True
+    ) -> Any:
         """Ask for one profiler capture of *steps* steady-state steps; returns a handle to wait on.
 
         ``steady=False``: no steady-state gate; the next step entered starts the capture (called at the same
@@ -496,4 +576,3 @@ class Monitor:
         """A profiler window's needs: the error guard, the last capture's gauges' setter, the rank."""
         prom, rank = self._parts.prom, self._parts.rank_label
         return self._errors, prom.set_profile if prom is not None else None, rank[0] if rank else "0"
-

@@ -31,8 +31,9 @@ from typing import Any, Protocol
 from perfsdk._guard import ErrorGuard
 from perfsdk.decorators import bare_function, decorate
 from perfsdk.errors import ConfigError
-from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps, check_sizes
+from perfsdk.hotpath import HotState, LastEnd, NoStep, Step, ThreadSteps
 from perfsdk.records import UNSIZED
+from perfsdk.sizes import check_sizes
 
 __all__ = [
     "CoreEvents",

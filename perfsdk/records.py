@@ -91,8 +91,8 @@ PHASES = ("prefill", "decode", "mixed")  # indexed by the codes above
 PHASE_CODES = {name: code for code, name in enumerate(PHASES)}
 
 # how a step was timed
-TIMED = 0    # CUDA events: device time from `start` to `end`
-HOST = 1     # the host clock, t1 - t0 (no GPU, or an engine's own measurement)
+TIMED = 0  # CUDA events: device time from `start` to `end`
+HOST = 1  # the host clock, t1 - t0 (no GPU, or an engine's own measurement)
 UNTIMED = 2  # counted, not timed: not sampled (timing_every), or every event was in flight
 
 # The largest size a step or a request may report. Counters are floats: an increment of 2**53 or more
@@ -109,19 +109,19 @@ UNSIZED = -1
 class StepRecord(NamedTuple):
     """One step, as the step core reads it (the C struct ``StepRecord`` holds the same fields)."""
 
-    phase: int            # PREFILL, DECODE or MIXED
-    timing: int           # TIMED, HOST or UNTIMED
-    t0: int               # host clock (ns) at entry
-    t1: int               # host clock (ns) at exit
-    start: Any            # TIMED: the start event (possibly the previous step's end); else None
-    end: Any              # TIMED: the end event; else None
-    batch: int            # sequences (decode: decoding sequences; mixed: the decoding part)
-    tokens: int           # prefill tokens given, or NO_TOKENS
-    context_tokens: int   # decode: sum of context lengths; prefill: cached prefix tokens; UNSIZED: no sizes
-    lens_sum: int         # prefill/mixed: sum of the prefill sequence lengths
-    lens_sq: int          # ... sum of their squares (causal attention FLOPs)
-    lens_count: int       # ... how many sequences
-    error: str | None     # the user's exception type, when the step raised
+    phase: int  # PREFILL, DECODE or MIXED
+    timing: int  # TIMED, HOST or UNTIMED
+    t0: int  # host clock (ns) at entry
+    t1: int  # host clock (ns) at exit
+    start: Any  # TIMED: the start event (possibly the previous step's end); else None
+    end: Any  # TIMED: the end event; else None
+    batch: int  # sequences (decode: decoding sequences; mixed: the decoding part)
+    tokens: int  # prefill tokens given, or NO_TOKENS
+    context_tokens: int  # decode: sum of context lengths; prefill: cached prefix tokens; UNSIZED: no sizes
+    lens_sum: int  # prefill/mixed: sum of the prefill sequence lengths
+    lens_sq: int  # ... sum of their squares (causal attention FLOPs)
+    lens_count: int  # ... how many sequences
+    error: str | None  # the user's exception type, when the step raised
 
 
 def lens_summary(phase: int, batch: int, tokens: int, seq_lens: Sequence[int] | None) -> tuple[int, int, int]:
@@ -233,16 +233,16 @@ class PhaseTotals(NamedTuple):
     """What one phase's steps added since the previous take (C: ``perfsdk._native.PhaseTotals``)."""
 
     steps: int
-    errors: int                 # steps that raised (the user's exception)
+    errors: int  # steps that raised (the user's exception)
     step_counts: tuple[int, ...]  # per bucket of perfsdk.buckets.STEP, then +Inf (timed steps)
-    step_sum: float             # seconds
-    mbu_counts: tuple[int, ...]   # per bucket of perfsdk.buckets.UTIL, then +Inf
+    step_sum: float  # seconds
+    mbu_counts: tuple[int, ...]  # per bucket of perfsdk.buckets.UTIL, then +Inf
     mbu_sum: float
     mfu_counts: tuple[int, ...]
     mfu_sum: float
-    bytes: float                # of timed steps only: bytes over step seconds stays exact
-    flops: float                # the same
-    tokens: int                 # of every step
+    bytes: float  # of timed steps only: bytes over step seconds stays exact
+    flops: float  # the same
+    tokens: int  # of every step
 
     def empty(self) -> bool:
         return self.steps == 0
@@ -449,8 +449,9 @@ class RequestQueue:
         """*n* negative times (a clock that went backwards, the serving code's or an engine's): left out, counted
         in ``perfsdk_internal_errors_total`` and logged once — never raised, strict or not."""
         if n:
-            self.errors.count_problem(f"{where} clock", "negative times (a clock that went backwards) are not "
-                                      "observed", n)
+            self.errors.count_problem(
+                f"{where} clock", "negative times (a clock that went backwards) are not observed", n
+            )
 
     def refuse(self, where: str, problem: str) -> None:
         """A bad value from the serving code: raise when strict, else count and log once (never raise)."""
@@ -527,12 +528,31 @@ class Request:
     """
 
     __slots__ = (
-        "_exported", "_otel_parent", "_q", "arrival_ns", "error", "finish_ns", "finish_reason", "first_token_ns",
-        "operation", "output_tokens", "prompt_tokens", "request_id", "scheduled_ns", "token_ns",
+        "_exported",
+        "_otel_parent",
+        "_q",
+        "arrival_ns",
+        "error",
+        "finish_ns",
+        "finish_reason",
+        "first_token_ns",
+        "operation",
+        "output_tokens",
+        "prompt_tokens",
+        "request_id",
+        "scheduled_ns",
+        "token_ns",
     )
 
-    def __init__(self, queue: RequestQueue, prompt_tokens: int, arrival_ns: int, operation: str,
-                 request_id: str | None, otel_parent: Any) -> None:
+    def __init__(
+        self,
+        queue: RequestQueue,
+        prompt_tokens: int,
+        arrival_ns: int,
+        operation: str,
+        request_id: str | None,
+        otel_parent: Any,
+    ) -> None:
         self._q = queue
         self.prompt_tokens = prompt_tokens
         self.arrival_ns = arrival_ns
@@ -586,8 +606,7 @@ class Request:
             self.first_token_ns = t
             q.push(FirstToken(self))
 
-    def finish(self, reason: str = "stop", error: BaseException | str | None = None,
-               t_ns: int | None = None) -> None:
+    def finish(self, reason: str = "stop", error: BaseException | str | None = None, t_ns: int | None = None) -> None:
         """Record the end (``"stop"``, ``"length"``, ``"abort"``, …, or an error); later calls are ignored.
 
         An *error* that is a client going away is not an error: a :class:`GeneratorExit` (a streaming response
@@ -601,8 +620,10 @@ class Request:
         if t is not None and t_ns is not None:
             last = self.token_ns[-1] if self.token_ns else self.arrival_ns
             if t < last:
-                q.refuse("request.finish", f"t_ns {t_ns} is before the request's arrival ({self.arrival_ns}) "
-                         f"or its last token ({last})")
+                q.refuse(
+                    "request.finish",
+                    f"t_ns {t_ns} is before the request's arrival ({self.arrival_ns}) or its last token ({last})",
+                )
                 t = None
         if t is None:
             t = q.clock()
@@ -651,8 +672,7 @@ class NullRequest(Request):
     def tokens(self, n: int = 1, t_ns: int | None = None) -> None:
         return None
 
-    def finish(self, reason: str = "stop", error: BaseException | str | None = None,
-               t_ns: int | None = None) -> None:
+    def finish(self, reason: str = "stop", error: BaseException | str | None = None, t_ns: int | None = None) -> None:
         return None
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
@@ -660,4 +680,3 @@ class NullRequest(Request):
 
 
 NULL_REQUEST = NullRequest()
-

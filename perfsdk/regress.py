@@ -305,8 +305,9 @@ def parse_tolerance(text: str) -> float:
     try:  # perfsdk.config's number rule, as for every number on the command line
         value = parse_float(s[:-1] if percent else s, 0, 1e6 if percent else 1e4)
     except ValueError:
-        raise ConfigError(f"tolerance: expected a fraction or a percentage like 10% (at most 1000000%), "
-                          f"got {text!r}") from None
+        raise ConfigError(
+            f"tolerance: expected a fraction or a percentage like 10% (at most 1000000%), got {text!r}"
+        ) from None
     return value / 100 if percent else value
 
 

@@ -128,8 +128,19 @@ class StepCore(Protocol):
 class _Counts:
     """One phase's totals while they are being added to (frozen into a PhaseTotals by a take)."""
 
-    __slots__ = ("bytes", "errors", "flops", "mbu_counts", "mbu_sum", "mfu_counts", "mfu_sum", "step_counts",
-                 "step_sum", "steps", "tokens")
+    __slots__ = (
+        "bytes",
+        "errors",
+        "flops",
+        "mbu_counts",
+        "mbu_sum",
+        "mfu_counts",
+        "mfu_sum",
+        "step_counts",
+        "step_sum",
+        "steps",
+        "tokens",
+    )
 
     def __init__(self) -> None:
         self.steps = 0
@@ -145,8 +156,19 @@ class _Counts:
         self.tokens = 0
 
     def frozen(self) -> PhaseTotals:
-        return PhaseTotals(self.steps, self.errors, tuple(self.step_counts), self.step_sum, tuple(self.mbu_counts),
-                           self.mbu_sum, tuple(self.mfu_counts), self.mfu_sum, self.bytes, self.flops, self.tokens)
+        return PhaseTotals(
+            self.steps,
+            self.errors,
+            tuple(self.step_counts),
+            self.step_sum,
+            tuple(self.mbu_counts),
+            self.mbu_sum,
+            tuple(self.mfu_counts),
+            self.mfu_sum,
+            self.bytes,
+            self.flops,
+            self.tokens,
+        )
 
 
 class _Interval:
@@ -163,8 +185,9 @@ class _Interval:
 
     def frozen(self) -> StepTotals:
         p, d, m = (c.frozen() for c in self.phases)
-        return StepTotals((p, d, m), tuple(self.samples), tuple(self.window_feed), tuple(self.value_feed),
-                          self.value_feed_dropped)
+        return StepTotals(
+            (p, d, m), tuple(self.samples), tuple(self.window_feed), tuple(self.value_feed), self.value_feed_dropped
+        )
 
 
 class _Recent:
@@ -189,8 +212,9 @@ class PyStepCore:
 
     implementation = "python"
 
-    def __init__(self, costs: StepCosts, pool: Any, api: Any, capacity: int, span_rate: float,
-                 poll_interval: float) -> None:
+    def __init__(
+        self, costs: StepCosts, pool: Any, api: Any, capacity: int, span_rate: float, poll_interval: float
+    ) -> None:
         self._costs = costs
         self._pool = pool
         self._api = api
@@ -396,8 +420,9 @@ class PyStepCore:
                 if sampled:
                     self._add_sample(StepSample(p, rec.t0, rec.t1, None, rec.batch, 0, None, None, rec.error))
                 return
-            nbytes, flops, ntokens = costs.cost(p, rec.batch, rec.context_tokens, rec.lens_sum, rec.lens_sq,
-                                                rec.lens_count)
+            nbytes, flops, ntokens = costs.cost(
+                p, rec.batch, rec.context_tokens, rec.lens_sum, rec.lens_sq, rec.lens_count
+            )
             mbu = mfu = None
             if seconds is not None and seconds > 0:
                 if nbytes is not None and costs.bandwidth > 0 and p != PREFILL:
@@ -506,8 +531,17 @@ class PyStepCore:
         return f"<PyStepCore {PHASES} pushed={self.pushed} done={self.done} dropped={self.dropped}>"
 
 
-def native_core(costs: StepCosts, capacity: int, span_rate: float, poll_interval: float, events: Any,
-                event_capacity: int, event_prefill: int, new_event: Any, destroy_event: Any) -> StepCore:
+def native_core(
+    costs: StepCosts,
+    capacity: int,
+    span_rate: float,
+    poll_interval: float,
+    events: Any,
+    event_capacity: int,
+    event_prefill: int,
+    new_event: Any,
+    destroy_event: Any,
+) -> StepCore:
     """The C step core (``perfsdk._native.StepCore``), given the capacities of :mod:`perfsdk.records`, its
     ``take()`` and ``recent()`` giving the types of :mod:`perfsdk.records`, as :class:`PyStepCore`'s do.
 
@@ -525,14 +559,30 @@ def native_core(costs: StepCosts, capacity: int, span_rate: float, poll_interval
             t = super().take()
             return StepTotals(
                 (PhaseTotals._make(t.phases[0]), PhaseTotals._make(t.phases[1]), PhaseTotals._make(t.phases[2])),
-                tuple(map(StepSample._make, t.samples)), tuple(map(WindowFeedEntry._make, t.window_feed)),
-                tuple(map(ValueFeedEntry._make, t.value_feed)), t.value_feed_dropped)
+                tuple(map(StepSample._make, t.samples)),
+                tuple(map(WindowFeedEntry._make, t.window_feed)),
+                tuple(map(ValueFeedEntry._make, t.value_feed)),
+                t.value_feed_dropped,
+            )
 
         def recent(self, phase: int) -> RecentSteps:  # type: ignore[override]
             return RecentSteps._make(super().recent(phase))
 
     return NativeStepCore(
-        costs=costs, capacity=capacity, span_rate=span_rate, poll_interval=poll_interval, events=events,
-        event_capacity=event_capacity, event_prefill=event_prefill, new_event=new_event, destroy_event=destroy_event,
-        step_bounds=STEP, util_bounds=UTIL, recent=RECENT, samples=SAMPLES, window_feed=WINDOW_FEED,
-        value_feed=VALUE_FEED, idle_max=IDLE_MAX)
+        costs=costs,
+        capacity=capacity,
+        span_rate=span_rate,
+        poll_interval=poll_interval,
+        events=events,
+        event_capacity=event_capacity,
+        event_prefill=event_prefill,
+        new_event=new_event,
+        destroy_event=destroy_event,
+        step_bounds=STEP,
+        util_bounds=UTIL,
+        recent=RECENT,
+        samples=SAMPLES,
+        window_feed=WINDOW_FEED,
+        value_feed=VALUE_FEED,
+        idle_max=IDLE_MAX,
+    )

@@ -41,8 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["EventApi", "EventPool", "TorchEvents", "capture_check", "capture_checks",
-           "cuda_usable", "event_api"]
+__all__ = ["EventApi", "EventPool", "TorchEvents", "capture_check", "capture_checks", "cuda_usable", "event_api"]
 
 
 def cuda_usable(force: bool = False) -> bool:
@@ -81,9 +80,11 @@ def capture_check(cuda: bool = True) -> Callable[[], bool]:
     cuda_ok = capturing is not None and torch.cuda.is_available()
 
     if cuda_ok and compiling is not None:
+
         def check() -> bool:
             return bool(compiling() or capturing())
     elif compiling is not None:
+
         def check() -> bool:
             return bool(compiling())
     else:
@@ -216,11 +217,15 @@ def event_api(choice: str | None = None) -> EventApi:
         if api is not None:
             return api
         if choice == "driver":
-            raise ConfigError("PERFSDK_CUDA_EVENTS=driver: libcuda.so.1 or torch's raw-stream call is not usable "
-                              "here; use 'torch' or 'auto'")
+            raise ConfigError(
+                "PERFSDK_CUDA_EVENTS=driver: libcuda.so.1 or torch's raw-stream call is not usable "
+                "here; use 'torch' or 'auto'"
+            )
     if not _torch_raw_stream_calls():
-        raise ConfigError("CUDA event timing needs torch._C._cuda_getCurrentRawStream and _CudaEventBase "
-                          "(torch >= 2.1); use timing='host'")
+        raise ConfigError(
+            "CUDA event timing needs torch._C._cuda_getCurrentRawStream and _CudaEventBase "
+            "(torch >= 2.1); use timing='host'"
+        )
     return TorchEvents()
 
 

@@ -23,6 +23,7 @@ perfsdk_venv "dev,demo,otel,nvtx,bench,sglang,analyze"
 
 echo "== ruff"
 "$PY" -m ruff check .
+"$PY" -m ruff format --check .
 echo "== mypy"
 "$PY" -m mypy
 if "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then

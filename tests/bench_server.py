@@ -61,8 +61,9 @@ HOSTILE: dict[str, list[str]] = {
     "huge_usage": ['{"choices": [], "usage": {"prompt_tokens": 16, "completion_tokens": 1' + "0" * 400 + "}}"],
     "negative_usage": ['{"choices": [], "usage": {"prompt_tokens": 16, "completion_tokens": -5}}'],
     # 17 MiB of valid JSON, the newlines between array items splitting it into data: lines
-    "giant_event": ['{"choices": [{"index": 0, "text": "x"}], "pad": [' + ("0," * 2048 + "\n") * (17 * 2**20 // 4097)
-                    + "0]}"],
+    "giant_event": [
+        '{"choices": [{"index": 0, "text": "x"}], "pad": [' + ("0," * 2048 + "\n") * (17 * 2**20 // 4097) + "0]}"
+    ],
     "escape_error": ['{"error": {"message": "bad\\u001b[2J\\ud800 thing"}}'],
 }
 

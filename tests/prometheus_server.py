@@ -73,8 +73,9 @@ class RunningPrometheus:
 
 
 @contextmanager
-def running_prometheus(tmp_path: Path, *, job: str, target: str | None = None, targets: Sequence[str] = (),
-                       rule_files: Sequence[Path] = ()) -> Iterator[RunningPrometheus]:
+def running_prometheus(
+    tmp_path: Path, *, job: str, target: str | None = None, targets: Sequence[str] = (), rule_files: Sequence[Path] = ()
+) -> Iterator[RunningPrometheus]:
     """Prometheus scraping *target* (or each of *targets*) every second, rules evaluated every second."""
     assert PROMETHEUS is not None and PROMTOOL is not None
     listed = [*([target] if target else []), *targets]
@@ -93,8 +94,16 @@ def running_prometheus(tmp_path: Path, *, job: str, target: str | None = None, t
     web = free_port()
     log_path = tmp_path / "prometheus.log"
     with log_path.open("w") as log:
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{web}"], stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{web}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             yield RunningPrometheus(f"http://127.0.0.1:{web}", proc, log_path)
         finally:

@@ -26,8 +26,11 @@ def capture_cpu_trace(path: Path, *, read_item: bool, annotate: bool = True) -> 
     def on_ready(prof: object) -> None:
         prof.export_chrome_trace(str(path))  # type: ignore[attr-defined]
 
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
-                 on_trace_ready=on_ready) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=on_ready,
+    ) as prof:
         for _ in range(6):
             if annotate:
                 with record_function("perfsdk.decode"):
@@ -75,8 +78,9 @@ def test_profiler_steps_are_used_when_there_are_no_perfsdk_ranges(traces: dict[s
     assert len(d.steps) == 3
 
 
-def test_cli_report_says_cpu_only_and_exits_0(traces: dict[str, Path], tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_report_says_cpu_only_and_exits_0(
+    traces: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["analyze", str(traces["item"]), "--plot", str(tmp_path / "x.png")]) == 0
     out = capsys.readouterr().out
     assert "no GPU events" in out

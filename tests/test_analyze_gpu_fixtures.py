@@ -68,8 +68,9 @@ def fixture_step_bytes() -> int:
     """What one fixture decode step must read: benchmarks/gpu_traces.py's model (2 layers, hidden 2048, 16
     heads, 4 KV heads, FFN 5632, vocab 32000, bf16) at batch 1 over a 512-token KV cache."""
     hidden, ffn, vocab, layers, heads, kv_heads, head_dim, ctx = 2048, 5632, 32000, 2, 16, 4, 128, 512
-    per_layer = ((heads + 2 * kv_heads) * head_dim * hidden + hidden * hidden + 2 * ffn * hidden + hidden * ffn
-                 + 2 * hidden)
+    per_layer = (
+        (heads + 2 * kv_heads) * head_dim * hidden + hidden * hidden + 2 * ffn * hidden + hidden * ffn + 2 * hidden
+    )
     weights = layers * per_layer + vocab * hidden + hidden + hidden  # + final norm + one embedding row
     kv = layers * 2 * kv_heads * ctx * head_dim
     return 2 * (weights + kv)
@@ -185,8 +186,17 @@ def test_cli_checks_the_kernels_and_corrects_for_the_profiler(capsys: pytest.Cap
     assert "busy_unchecked" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("bad", [["--step-bytes", "-5"], ["--unprofiled-ms", "0"], ["--batch", "0", "--gpu", "h200"],
-                                 ["--gpu", "no-such-gpu"], ["--model", "no-such-model"], ["--tflops", "nan"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--step-bytes", "-5"],
+        ["--unprofiled-ms", "0"],
+        ["--batch", "0", "--gpu", "h200"],
+        ["--gpu", "no-such-gpu"],
+        ["--model", "no-such-model"],
+        ["--tflops", "nan"],
+    ],
+)
 def test_cli_bad_options_exit_2_with_a_message(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", str(fixture_path("cuda_graph")), *bad]) == 2
     err = capsys.readouterr().err

@@ -28,16 +28,23 @@ NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul
 GEMM = "nvjet_tst_64x8_64x16_4x1_v_bz_TNT"
 
 
-def tp_traces(compute_us: list[float] | list[list[float]], *, transfer_us: float = 10.0, layers: int = 4,
-              steps: int = 3, launch_gap_us: float = 0.0) -> list[list[dict[str, Any]]]:
+def tp_traces(
+    compute_us: list[float] | list[list[float]],
+    *,
+    transfer_us: float = 10.0,
+    layers: int = 4,
+    steps: int = 3,
+    launch_gap_us: float = 0.0,
+) -> list[list[dict[str, Any]]]:
     """SYNTHETIC traces of one decode step window on each rank.
 
     Rank r computes ``compute_us[r]`` per layer (one GEMM kernel; or ``compute_us[step][r]``, step by step),
     then all-reduces: its NCCL kernel starts when its GEMM ends and ends ``transfer_us`` after the last rank's
     GEMM ended. The host enqueues each step ahead of the GPU (no launch gaps) unless ``launch_gap_us`` is set.
     """
-    per_step: list[list[float]] = ([list(c) for c in compute_us if isinstance(c, list)]
-                                   or [[float(c) for c in compute_us if not isinstance(c, list)]] * steps)
+    per_step: list[list[float]] = [list(c) for c in compute_us if isinstance(c, list)] or [
+        [float(c) for c in compute_us if not isinstance(c, list)]
+    ] * steps
     world = len(per_step[0])
     out: list[list[dict[str, Any]]] = [[] for _ in range(world)]
     corr = [0] * world
@@ -55,19 +62,49 @@ def tp_traces(compute_us: list[float] | list[list[float]], *, transfer_us: float
         for r in range(world):
             ev = out[r]
             host = step_start - 50.0  # the host enqueues the step before the GPU runs it
-            ev.append({"ph": "X", "cat": "user_annotation", "name": "perfsdk.decode", "ts": host, "dur": 40.0,
-                       "pid": 100 + r, "tid": 100 + r})
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": "perfsdk.decode",
+                    "ts": host,
+                    "dur": 40.0,
+                    "pid": 100 + r,
+                    "tid": 100 + r,
+                }
+            )
             for k, (name, ts, dur) in enumerate(kernels[r]):
                 corr[r] += 1
-                ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": host + 1 + k,
-                           "dur": 0.5, "pid": 100 + r, "tid": 100 + r, "args": {"correlation": corr[r]}})
-                ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": r, "tid": 7,
-                           "args": {"correlation": corr[r], "stream": 7, "device": r}})
+                ev.append(
+                    {
+                        "ph": "X",
+                        "cat": "cuda_runtime",
+                        "name": "cudaLaunchKernel",
+                        "ts": host + 1 + k,
+                        "dur": 0.5,
+                        "pid": 100 + r,
+                        "tid": 100 + r,
+                        "args": {"correlation": corr[r]},
+                    }
+                )
+                ev.append(
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": name,
+                        "ts": ts,
+                        "dur": dur,
+                        "pid": r,
+                        "tid": 7,
+                        "args": {"correlation": corr[r], "stream": 7, "device": r},
+                    }
+                )
     return out
 
 
-def write(tmp_path: Path, events: list[list[dict[str, Any]]], *, dist_info: bool = True,
-          names: list[str] | None = None) -> list[Path]:
+def write(
+    tmp_path: Path, events: list[list[dict[str, Any]]], *, dist_info: bool = True, names: list[str] | None = None
+) -> list[Path]:
     paths = []
     for r, ev in enumerate(events):
         doc: dict[str, Any] = {"traceEvents": ev, "schemaVersion": 1}
@@ -121,8 +158,10 @@ def test_a_small_imbalance_is_not_called_a_straggler(tmp_path: Path) -> None:
 
 
 def test_rank_ids_from_file_names_when_the_traces_carry_none(tmp_path: Path) -> None:
-    names = ["perfsdk-host-11-rank1-20261201T000000.000Z.pt.trace.json.gz",
-             "perfsdk-host-10-rank0-20261201T000000.000Z.pt.trace.json.gz"]
+    names = [
+        "perfsdk-host-11-rank1-20261201T000000.000Z.pt.trace.json.gz",
+        "perfsdk-host-10-rank0-20261201T000000.000Z.pt.trace.json.gz",
+    ]
     ev = tp_traces([30.0, 10.0])  # rank 0 (by position) is the slow one; written under the name rank1
     _, cmp = analyze_ranks(write(tmp_path, ev, dist_info=False, names=names))
     assert cmp.straggler == 1  # the file named rank1 holds the slow rank
@@ -137,8 +176,23 @@ def test_bad_inputs_say_what_is_wrong(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="2 rank ids for 3 traces"):
         compare_ranks([analyze_trace(p) for p in [*paths, paths[0]]], ranks=[0, 1])
     cpu = tmp_path / "cpu.json"
-    cpu.write_text(json.dumps({"traceEvents": [
-        {"ph": "X", "cat": "user_annotation", "name": "perfsdk.decode", "ts": 0, "dur": 10, "pid": 1, "tid": 1}]}))
+    cpu.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {
+                        "ph": "X",
+                        "cat": "user_annotation",
+                        "name": "perfsdk.decode",
+                        "ts": 0,
+                        "dur": 10,
+                        "pid": 1,
+                        "tid": 1,
+                    }
+                ]
+            }
+        )
+    )
     with pytest.raises(ConfigError, match="some traces have GPU events and some do not"):
         analyze_ranks([paths[0], cpu])
 

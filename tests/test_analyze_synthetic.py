@@ -33,21 +33,47 @@ class Builder:
         self.corr = 0
 
     def step(self, name: str, ts: float, dur: float) -> None:
-        self.events.append({"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, **HOST,
-                            "args": {"External id": 1}})
+        self.events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": name,
+                "ts": ts,
+                "dur": dur,
+                **HOST,
+                "args": {"External id": 1},
+            }
+        )
 
     def call(self, name: str, ts: float, dur: float = 2.0) -> int:
         self.corr += 1
-        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, **HOST,
-                            "args": {"correlation": self.corr, "cbid": 211}})
+        self.events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": name,
+                "ts": ts,
+                "dur": dur,
+                **HOST,
+                "args": {"correlation": self.corr, "cbid": 211},
+            }
+        )
         return self.corr
 
     def gpu(self, corr: int, name: str, ts: float, dur: float, cat: str = "kernel", **args: Any) -> None:
-        self.events.append({"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **GPU,
-                            "args": {"correlation": corr, "stream": 7, "device": 0, **args}})
+        self.events.append(
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": name,
+                "ts": ts,
+                "dur": dur,
+                **GPU,
+                "args": {"correlation": corr, "stream": 7, "device": 0, **args},
+            }
+        )
 
-    def kernel_launched(self, ts: float, dur: float, *, launch_at: float,
-                        name: str = "void gemv_kernel") -> None:
+    def kernel_launched(self, ts: float, dur: float, *, launch_at: float, name: str = "void gemv_kernel") -> None:
         self.gpu(self.call("cudaLaunchKernel", launch_at), name, ts, dur)
 
 
@@ -168,8 +194,10 @@ def test_prefill_step_busy_is_unchecked_without_flops_and_worded_as_prefill() ->
 def test_profiler_steps_used_without_perfsdk_ranges_and_whole_trace_without_any() -> None:
     events = [e for e in launch_bound_trace() if e["cat"] != "user_annotation"]
     assert analyze_trace(events).step_source == "whole trace"
-    with_steps = [*events, {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "ts": 0.0,
-                            "dur": 150.0, **HOST}]
+    with_steps = [
+        *events,
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "ts": 0.0, "dur": 150.0, **HOST},
+    ]
     d = analyze_trace(with_steps)
     assert d.step_source == "ProfilerStep"
     assert d.steps[0].name == "ProfilerStep#7"
@@ -182,8 +210,18 @@ def test_flow_events_recover_a_missing_correlation() -> None:
     for e in events:
         if e["cat"] == "kernel":
             corr = e["args"].pop("correlation")
-            events.append({"ph": "f", "cat": "ac2g", "name": "ac2g", "id": corr, "bp": "e", "ts": e["ts"],
-                           "pid": e["pid"], "tid": e["tid"]})
+            events.append(
+                {
+                    "ph": "f",
+                    "cat": "ac2g",
+                    "name": "ac2g",
+                    "id": corr,
+                    "bp": "e",
+                    "ts": e["ts"],
+                    "pid": e["pid"],
+                    "tid": e["tid"],
+                }
+            )
     d = analyze_trace(events)
     assert d.findings[0].kind == "launch_bound"
     assert d.steps[0].kernels == 10
@@ -214,8 +252,11 @@ def test_unreadable_traces_raise_config_error(tmp_path: Path) -> None:
         ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_tn>", "kernel", "gemm"),
         ("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", "kernel", "gemm"),
         ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 4>>", "kernel", "attention"),
-        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>", "kernel",
-         "normalization"),
+        (
+            "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>",
+            "kernel",
+            "normalization",
+        ),
         ("void at::native::vectorized_elementwise_kernel<4, silu_kernel>", "kernel", "elementwise"),
         ("void at::native::distribution_elementwise_grid_stride_kernel<normal_kernel>", "kernel", "other"),
         ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgs)", "kernel", "communication"),

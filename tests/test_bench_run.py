@@ -234,9 +234,29 @@ def test_hostile_responses_each_cost_one_request_never_the_run(
     plan = ["ok", *HOSTILE_REASONS, "ok"]
     out = tmp_path / "run.json"
     with FakeOpenAIServer(plan) as srv:
-        rc = main(["bench", "serve", "--base-url", srv.url, "--model", "fake", "--num-prompts", str(len(plan)),
-                   "--input-len", "16", "--output-len", "6", "--max-concurrency", "1", "--timeout", "20",
-                   "--no-progress", "--save-result", str(out)])
+        rc = main(
+            [
+                "bench",
+                "serve",
+                "--base-url",
+                srv.url,
+                "--model",
+                "fake",
+                "--num-prompts",
+                str(len(plan)),
+                "--input-len",
+                "16",
+                "--output-len",
+                "6",
+                "--max-concurrency",
+                "1",
+                "--timeout",
+                "20",
+                "--no-progress",
+                "--save-result",
+                str(out),
+            ]
+        )
         # the client hung up on each stream it gave up on before the end (the usage ones had ended)
         assert srv.wait_for_disconnects(5) == 5
     printed = capsys.readouterr().out

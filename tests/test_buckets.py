@@ -9,8 +9,9 @@ from perfsdk.buckets import BUCKETS, SEMCONV_DURATION, SEMCONV_TPOT, SEMCONV_TTF
 from perfsdk.testing import FakeClock, monitor_harness
 
 
-@pytest.mark.parametrize(("name", "semconv"), [("ttft", SEMCONV_TTFT), ("tpot", SEMCONV_TPOT),
-                                               ("duration", SEMCONV_DURATION)])
+@pytest.mark.parametrize(
+    ("name", "semconv"), [("ttft", SEMCONV_TTFT), ("tpot", SEMCONV_TPOT), ("duration", SEMCONV_DURATION)]
+)
 def test_a_superset_of_the_semconv_bounds(name: str, semconv: tuple[float, ...]) -> None:
     # a query written for the semantic conventions' buckets (le="0.1") still finds its bucket
     assert set(semconv) <= set(BUCKETS[name])
@@ -22,8 +23,18 @@ def test_bounds_are_increasing(name: str) -> None:
     assert list(b) == sorted(set(b)) and b[0] > 0
 
 
-@pytest.mark.parametrize(("name", "value"), [("step", 0.0005), ("step", 0.0013), ("step", 0.0021),
-                                             ("tpot", 0.001), ("tpot", 0.0021), ("itl", 0.001), ("itl", 0.0032)])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("step", 0.0005),
+        ("step", 0.0013),
+        ("step", 0.0021),
+        ("tpot", 0.001),
+        ("tpot", 0.0021),
+        ("itl", 0.001),
+        ("itl", 0.0032),
+    ],
+)
 def test_a_gpu_step_and_token_are_resolved(name: str, value: float) -> None:
     """An H200 decode step of 0.5-2 ms and a 1-3 ms TPOT land in a bucket at most a third wide, not in the first."""
     b = BUCKETS[name]

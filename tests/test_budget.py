@@ -54,8 +54,9 @@ def test_llama2_7b_floor_on_2tb_s() -> None:
 
 @pytest.mark.parametrize(("tokens_per_s", "expected_mbu"), [(25.5, 0.17), (107, 0.72)])
 def test_seed_loop_mbu(tokens_per_s: float, expected_mbu: float) -> None:
-    assert budget.mbu(budget.decode_step_bytes(SEED_7B), 1 / tokens_per_s, 2e12) == pytest.approx(expected_mbu,
-                                                                                                   abs=0.005)
+    assert budget.mbu(budget.decode_step_bytes(SEED_7B), 1 / tokens_per_s, 2e12) == pytest.approx(
+        expected_mbu, abs=0.005
+    )
 
 
 def test_untied_input_embedding_is_read_one_row_per_sequence() -> None:
@@ -65,12 +66,13 @@ def test_untied_input_embedding_is_read_one_row_per_sequence() -> None:
     assert m.embedding_bytes / m.weight_bytes == pytest.approx(1.05e9 / 16.06e9, rel=0.01)  # the issue's +7 %
     for batch in (1, 8, 64):
         assert budget.decode_step_bytes(m, 4096, batch) == pytest.approx(
-            m.weight_bytes - table + batch * row + 131_072 * 4096)
+            m.weight_bytes - table + batch * row + 131_072 * 4096
+        )
     # prefill reads one row per new token; a mixed step one per new token and per decoding sequence
-    assert budget.prefill_step_bytes(m, [100, 28]) == pytest.approx(m.weight_bytes - table + 128 * row
-                                                                    + 131_072 * 128)
+    assert budget.prefill_step_bytes(m, [100, 28]) == pytest.approx(m.weight_bytes - table + 128 * row + 131_072 * 128)
     assert budget.mixed_step_bytes(m, [100], 5000, decode_batch=4) == pytest.approx(
-        m.weight_bytes - table + 104 * row + 131_072 * 5100)
+        m.weight_bytes - table + 104 * row + 131_072 * 5100
+    )
     tied = ModelSpec.named("llama-3.2-1b")  # tied: the LM head reads the table whole, and it counts once
     assert tied.embedding_bytes == 0
     assert budget.decode_step_bytes(tied, 0, 8) == tied.weight_bytes
@@ -154,11 +156,14 @@ def test_prefill_attention_over_a_cached_prefix() -> None:
     per_token = m.layers * m.heads * m.head_dim  # type: ignore[operator]
     # one sequence, 100 new tokens after a 1,000-token cached prefix: 4·n·c per head-dim on top of n²
     assert budget.attention_flops(m, [100], cached_tokens=1000) == pytest.approx(
-        2.0 * per_token * 100**2 + 4.0 * per_token * 100 * 1000)
+        2.0 * per_token * 100**2 + 4.0 * per_token * 100 * 1000
+    )
     # two sequences sharing 2,000 cached tokens in all: spread evenly
     assert budget.attention_flops(m, [100, 300], cached_tokens=2000) == pytest.approx(
-        2.0 * per_token * (100**2 + 300**2) + 4.0 * per_token * 1000 * (100 + 300))
+        2.0 * per_token * (100**2 + 300**2) + 4.0 * per_token * 1000 * (100 + 300)
+    )
     assert budget.prefill_flops(m, [100], cached_tokens=1000) - budget.prefill_flops(m, [100]) == pytest.approx(
-        4.0 * per_token * 100 * 1000)
+        4.0 * per_token * 100 * 1000
+    )
     with pytest.raises(ConfigError, match="cached_tokens"):
         budget.attention_flops(m, [10], cached_tokens=-1)

@@ -76,17 +76,39 @@ class Parts:
         costs = StepCosts.of(ModelSpec.named("llama-3-8b"), 4.8e12, 989e12)
         self.core = PyStepCore(costs, None, None, 1000, 0.5, 0.001)
         self.requests = RequestQueue(queue, self.clock, self.errors, strict=True)
-        self.collector = Collector(self.core, self.requests, list(sinks), self.errors, model="m",
-                                   operation="chat", epoch_offset_ns=OFFSET, export_interval=60.0,
-                                   recorder=SimpleNamespace(window=None, event_pool_empty=7),
-                                   spans_dropped=spans_dropped)
+        self.collector = Collector(
+            self.core,
+            self.requests,
+            list(sinks),
+            self.errors,
+            model="m",
+            operation="chat",
+            epoch_offset_ns=OFFSET,
+            export_interval=60.0,
+            recorder=SimpleNamespace(window=None, event_pool_empty=7),
+            spans_dropped=spans_dropped,
+        )
         self.core.start()
 
     def step(self, phase: int, seconds: float, batch: int = 1, timing: int = HOST) -> None:
         t1 = self.clock.advance(seconds)
-        assert self.core.push(StepRecord(phase, timing, t1 - round(seconds * 1e9), t1, None, None, batch, -1,
-                                         100, batch if phase == PREFILL else 0, batch if phase == PREFILL else 0,
-                                         batch if phase == PREFILL else 0, None))
+        assert self.core.push(
+            StepRecord(
+                phase,
+                timing,
+                t1 - round(seconds * 1e9),
+                t1,
+                None,
+                None,
+                batch,
+                -1,
+                100,
+                batch if phase == PREFILL else 0,
+                batch if phase == PREFILL else 0,
+                batch if phase == PREFILL else 0,
+                None,
+            )
+        )
 
     def round(self) -> bool:
         assert self.core.sync(10)

@@ -66,6 +66,7 @@ class ThreadContextGpu(ScriptedGpu):
             if threading.get_ident() not in self.current:
                 return CUDA_ERROR_INVALID_CONTEXT
             return int(inner(ev, stream))
+
         return record_on
 
     def is_capturing(self, stream: int) -> int:
@@ -96,7 +97,8 @@ def test_back_to_back_steps_share_boundary_events() -> None:
         # only the last step's end is still held (the next step may start from it)
         assert pool.in_use == 1
         assert h.monitor.stats()["decode"]["mbu_mean"] == pytest.approx(
-            sum(budget.decode_step_bytes(MODEL, 10) / (ms / 1e3 * 4.8e12) for ms in (2, 3, 4, 5)) / 4)
+            sum(budget.decode_step_bytes(MODEL, 10) / (ms / 1e3 * 4.8e12) for ms in (2, 3, 4, 5)) / 4
+        )
 
 
 def test_a_record_that_waits_for_the_launch_queue_still_chains() -> None:
@@ -244,6 +246,7 @@ def test_the_collector_waits_once_for_a_run_of_queued_steps() -> None:
                 self.recorded.append(ev)
                 self.done.discard(ev)
                 return int(inner(ev, stream))
+
             return record_on
 
         def query(self, ev: int) -> bool:
@@ -403,6 +406,7 @@ def test_a_clock_failing_at_exit_gives_the_events_back() -> None:
 def test_failing_nvtx_pop_or_event_creation_loses_no_event() -> None:
     clock = FakeClock()
     with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+
         class Gpu(ScriptedGpu):
             fail_at: int | None = None  # the n-th event made fails
 
@@ -436,6 +440,7 @@ def test_failing_nvtx_pop_or_event_creation_loses_no_event() -> None:
 def test_close_while_a_step_is_open_destroys_nothing_in_use() -> None:
     clock = FakeClock()
     with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+
         class Gpu(ScriptedGpu):
             def __init__(self) -> None:
                 super().__init__()
@@ -453,6 +458,7 @@ def test_close_while_a_step_is_open_destroys_nothing_in_use() -> None:
                         self.recorded_dead.append(ev)
                         return 400  # CUDA_ERROR_INVALID_HANDLE, at best
                     return int(inner(ev, stream))
+
                 return record_on
 
         gpu = Gpu()
@@ -468,6 +474,7 @@ def test_close_while_a_step_is_open_destroys_nothing_in_use() -> None:
 def test_a_failed_wait_on_the_newest_step_is_not_blamed_on_the_oldest() -> None:
     clock = FakeClock()
     with monitor_harness(model=MODEL, hardware=HW, clock=clock) as h:
+
         class Gpu(ScriptedGpu):
             bad: int | None = None
 

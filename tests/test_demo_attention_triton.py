@@ -20,8 +20,10 @@ pytest.importorskip("triton")
 from perfsdk.demo.attention_triton import check, fused_decode_attention  # noqa: E402
 from perfsdk.demo.graph_engine import decode_attention  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
-                                reason="Triton kernels need a GPU or TRITON_INTERPRET=1")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+    reason="Triton kernels need a GPU or TRITON_INTERPRET=1",
+)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (8, 1), (4, 4)])

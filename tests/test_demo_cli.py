@@ -75,14 +75,24 @@ def test_a_bad_calibration_never_reaches_the_report_as_a_utilisation_above_100_p
             del os.environ["PERFSDK_CACHE_DIR"]
         else:
             os.environ["PERFSDK_CACHE_DIR"] = old
-    path.write_text(json.dumps({
-        "device": _cpu_name(), "copy_bandwidth": 10.9e9, "flops": {"fp32": 1.4e9, "bf16": 9.4e9},
-        "measured_at": "2026-12-01T00:00:00+00:00", "torch_version": torch.__version__, "backend": "cpu",
-        "quick": True, "details": {"threads": torch.get_num_threads()}}))
+    path.write_text(
+        json.dumps(
+            {
+                "device": _cpu_name(),
+                "copy_bandwidth": 10.9e9,
+                "flops": {"fp32": 1.4e9, "bf16": 9.4e9},
+                "measured_at": "2026-12-01T00:00:00+00:00",
+                "torch_version": torch.__version__,
+                "backend": "cpu",
+                "quick": True,
+                "details": {"threads": torch.get_num_threads()},
+            }
+        )
+    )
     proc = _run("--duration", "3", cache=env_cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    table = out[out.index("Steps"):out.index("Floors")]
+    table = out[out.index("Steps") : out.index("Floors")]
     shown = [float(x) for x in re.findall(r"(\d+(?:\.\d+)?)%", table.split("warning")[0])]
     assert all(v <= 100 for v in shown), table
     # either the (re-measured) calibration was used, or it was refused and the report says so
@@ -111,8 +121,15 @@ def test_bad_flags_are_reported_without_a_traceback() -> None:
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--duration", "nan"), ("--duration", "inf"), ("--request-rate", "nan"), ("--request-rate", "inf"),
-     ("--duration", "1e400"), ("--num-prompts", "0"), ("--port", "65536")],
+    [
+        ("--duration", "nan"),
+        ("--duration", "inf"),
+        ("--request-rate", "nan"),
+        ("--request-rate", "inf"),
+        ("--duration", "1e400"),
+        ("--num-prompts", "0"),
+        ("--port", "65536"),
+    ],
 )
 def test_bad_numbers_exit_2_naming_the_flag(flag: str, value: str) -> None:
     """Were a ValueError (nan) and an OverflowError (inf) traceback from round(rate * duration)."""
@@ -180,8 +197,17 @@ def test_sigterm_while_serving_stops_as_cleanly_as_ctrl_c_and_off_loopback_the_t
     --host 0.0.0.0 exposed POST /debug/profile to anyone."""
     import httpx
 
-    proc, url = _start("--serve", "--host", "0.0.0.0", "--port", "0", "--duration", "1", "--no-calibrate",
-                       env={"PERFSDK_PROFILE_TOKEN": "s3cret"})
+    proc, url = _start(
+        "--serve",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--duration",
+        "1",
+        "--no-calibrate",
+        env={"PERFSDK_PROFILE_TOKEN": "s3cret"},
+    )
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
@@ -214,7 +240,7 @@ def test_sigterm_during_the_load_prints_the_report_so_far_and_exits_143() -> Non
         # wait until the server has finished a few requests of the load (its own /metrics says so)
         def finished() -> float:
             text = httpx.get(f"{url}/metrics", timeout=30).text
-            found = re.search(r'^gen_ai_server_request_duration_seconds_count\{[^}]*\} (\S+)$', text, re.MULTILINE)
+            found = re.search(r"^gen_ai_server_request_duration_seconds_count\{[^}]*\} (\S+)$", text, re.MULTILINE)
             return float(found.group(1)) if found else 0.0
 
         deadline = time.monotonic() + 120
@@ -239,8 +265,15 @@ def test_sigterm_during_the_load_prints_the_report_so_far_and_exits_143() -> Non
 
 def test_binding_off_loopback_without_a_token_exits_2() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PERFSDK_PROFILE_TOKEN"}
-    proc = subprocess.run([sys.executable, "-m", "perfsdk.cli", "demo", "--host", "0.0.0.0", "--duration", "1"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "perfsdk.cli", "demo", "--host", "0.0.0.0", "--duration", "1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "--host" in proc.stderr and "token" in proc.stderr and "PERFSDK_PROFILE_TOKEN" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -177,6 +177,7 @@ def test_a_request_that_fails_in_the_engine_fails_alone(engine_class: str) -> No
             streams = [e.submit(TOK.encode(f"stream {i}"), _params(60)) for i in range(4)]
             got: list[list[int]] = [[] for _ in streams]
             culprit = None
+
             async def drain(i: int) -> None:
                 nonlocal culprit
                 async for t in streams[i]:

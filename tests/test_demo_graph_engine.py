@@ -61,8 +61,9 @@ def test_seeded_sampling_is_repeatable_and_independent_of_the_batch(model: Trans
         again = fast.generate(TOK.encode("seeded"), hot).token_ids
 
         async def crowded() -> list[int]:  # the same request beside three others
-            others = [fast.submit(TOK.encode(f"other {i}"), SamplingParams(max_tokens=30, temperature=0.7))
-                      for i in range(3)]
+            others = [
+                fast.submit(TOK.encode(f"other {i}"), SamplingParams(max_tokens=30, temperature=0.7)) for i in range(3)
+            ]
             h = fast.submit(TOK.encode("seeded"), hot)
             out = [t async for t in h]
             for o in others:
@@ -71,8 +72,9 @@ def test_seeded_sampling_is_repeatable_and_independent_of_the_batch(model: Trans
             return out
 
         beside = asyncio.run(crowded())
-        other_seed = fast.generate(TOK.encode("seeded"), SamplingParams(max_tokens=20, temperature=1.0, seed=8,
-                                                                        ignore_eos=True)).token_ids
+        other_seed = fast.generate(
+            TOK.encode("seeded"), SamplingParams(max_tokens=20, temperature=1.0, seed=8, ignore_eos=True)
+        ).token_ids
     assert alone == again == beside
     assert other_seed != alone
 
@@ -94,8 +96,9 @@ def test_sampler_greedy_eos_mask_and_distribution() -> None:
     # row 2 over many (seed, position) draws: only a or b (the rest is e^-6 less likely), about 1:3
     n = 4000
     rows = logits[2:3].expand(n, vocab)
-    draws = sample_tokens(rows, allowed, eos_col, torch.ones(n), torch.full((n,), 11), torch.arange(n),
-                          torch.zeros(n, dtype=torch.bool))
+    draws = sample_tokens(
+        rows, allowed, eos_col, torch.ones(n), torch.full((n,), 11), torch.arange(n), torch.zeros(n, dtype=torch.bool)
+    )
     share_b = float((draws == ord("b")).float().mean())
     assert set(draws.tolist()) <= set(allowed.tolist())
     assert 0.70 < share_b < 0.80, share_b  # 0.75 expected; binomial sd 0.007
@@ -118,6 +121,7 @@ def test_one_step_late_emission_drops_the_token_after_eos(model: Transformer) ->
 
 def test_cancel_frees_the_slot_and_time_decode_needs_an_idle_engine(model: Transformer) -> None:
     with GraphEngine(model) as fast:
+
         async def cancel_after_three() -> str | None:
             h = fast.submit(TOK.encode("cancel me"), SamplingParams(max_tokens=200, ignore_eos=True))
             n = 0

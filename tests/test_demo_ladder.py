@@ -24,9 +24,27 @@ def test_ladder_on_cpu_writes_the_table_the_log_and_the_plot(tmp_path: Path) -> 
     out = tmp_path / "ladder"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PERFSDK_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run(
-        [sys.executable, "-m", "perfsdk.cli", "demo", "--ladder", "--out", str(out), "--num-prompts", "8",
-         "--output-len", "48", "--concurrency", "4"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "perfsdk.cli",
+            "demo",
+            "--ladder",
+            "--out",
+            str(out),
+            "--num-prompts",
+            "8",
+            "--output-len",
+            "48",
+            "--concurrency",
+            "4",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr

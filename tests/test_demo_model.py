@@ -100,8 +100,12 @@ def test_batched_prefill_of_padded_prompts_equals_one_at_a_time() -> None:
         torch.testing.assert_close(logits[i], singles[i], rtol=1e-4, atol=1e-4)
     # and decoding after either gives the same next logits (the padding's cache rows are never read)
     step = torch.tensor([7, 8, 9])
-    torch.testing.assert_close(batched.decode(step, torch.tensor([0, 1, 2]), lengths),
-                               one.decode(step, torch.tensor([0, 1, 2]), lengths), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        batched.decode(step, torch.tensor([0, 1, 2]), lengths),
+        one.decode(step, torch.tensor([0, 1, 2]), lengths),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_the_cache_has_a_scratch_slot_past_the_requests_slots() -> None:

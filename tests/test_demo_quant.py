@@ -44,12 +44,22 @@ def test_quantize_int8_replaces_every_linear_and_the_spec_counts_int8_bytes() ->
     before, after = quantize_int8(model)
     assert is_quantized(model)
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
-    linear = sum(n for n in (ARGS.dim * (ARGS.dim + 2 * ARGS.n_kv_head * ARGS.head_dim), ARGS.dim * ARGS.dim,
-                             ARGS.dim * 2 * ARGS.intermediate_size, ARGS.intermediate_size * ARGS.dim))
+    linear = sum(
+        n
+        for n in (
+            ARGS.dim * (ARGS.dim + 2 * ARGS.n_kv_head * ARGS.head_dim),
+            ARGS.dim * ARGS.dim,
+            ARGS.dim * 2 * ARGS.intermediate_size,
+            ARGS.intermediate_size * ARGS.dim,
+        )
+    )
     linear = linear * ARGS.n_layer + ARGS.vocab_size * ARGS.dim
     assert before == 4 * linear  # float32 here
-    scales = 4 * ((ARGS.dim + 2 * ARGS.n_kv_head * ARGS.head_dim + ARGS.dim + 2 * ARGS.intermediate_size
-                   + ARGS.dim) * ARGS.n_layer + ARGS.vocab_size)
+    scales = 4 * (
+        (ARGS.dim + 2 * ARGS.n_kv_head * ARGS.head_dim + ARGS.dim + 2 * ARGS.intermediate_size + ARGS.dim)
+        * ARGS.n_layer
+        + ARGS.vocab_size
+    )
     assert after == linear + scales
     spec = demo_model_spec(model, "demo-test")
     # the arithmetic is the same, the bytes are not: the floor and MBU follow the bytes
@@ -84,5 +94,11 @@ def test_rungs_resolve_skip_and_build() -> None:
 def test_8b_is_llama_3_8b_shaped() -> None:
     args = MODEL_SIZES["8b"]
     assert (args.dim, args.n_layer, args.n_head, args.n_kv_head, args.intermediate_size, args.vocab_size) == (
-        4096, 32, 32, 8, 14336, 128256)
+        4096,
+        32,
+        32,
+        8,
+        14336,
+        128256,
+    )
     assert args.num_params() == 8_030_261_248  # Llama-3-8B's count

@@ -200,14 +200,24 @@ def test_profile_endpoint_captures_under_load_and_returns_the_verdict(demo: Demo
     """POST /debug/profile?wait=N: a real torch.profiler capture of the serving engine, diagnosed."""
     import threading
 
-    demo.monitor.enable_profiler(directory=str(tmp_path / "traces"), steps=2, warmup=1, steady_window=4,
-                                 steady_cv=0.5, warmup_steps=2, steady_timeout_s=10.0)
+    demo.monitor.enable_profiler(
+        directory=str(tmp_path / "traces"),
+        steps=2,
+        warmup=1,
+        steady_window=4,
+        steady_cv=0.5,
+        warmup_steps=2,
+        steady_timeout_s=10.0,
+    )
     stop = threading.Event()
 
     def load() -> None:  # keep decode steps coming while the window waits for them
         while not stop.is_set():
-            httpx.post(demo.server.base_url + "/v1/completions", timeout=30,
-                       json={"model": demo.model_name, "prompt": "hi", "max_tokens": 24, "ignore_eos": True})
+            httpx.post(
+                demo.server.base_url + "/v1/completions",
+                timeout=30,
+                json={"model": demo.model_name, "prompt": "hi", "max_tokens": 24, "ignore_eos": True},
+            )
 
     threads = [threading.Thread(target=load) for _ in range(2)]
     for t in threads:
@@ -238,7 +248,7 @@ def test_profile_endpoint_captures_under_load_and_returns_the_verdict(demo: Demo
 @pytest.mark.parametrize(
     ("field", "raw"),
     [
-        ("temperature", '1e-300'),
+        ("temperature", "1e-300"),
         ("temperature", "Infinity"),
         ("temperature", "NaN"),
         ("temperature", "-1"),
@@ -257,8 +267,12 @@ def test_bad_sampling_parameters_get_400_naming_the_field(demo: DemoStack, field
     body = '{"prompt": "x", "max_tokens": 4, "%s": %s}' % (field, raw)  # noqa: UP031
     if field == "max_tokens":
         body = '{"prompt": "x", "max_tokens": %s}' % raw  # noqa: UP031
-    r = httpx.post(demo.server.base_url + "/v1/completions", content=body.encode(),
-                   headers={"content-type": "application/json"}, timeout=30)
+    r = httpx.post(
+        demo.server.base_url + "/v1/completions",
+        content=body.encode(),
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == field
@@ -285,8 +299,10 @@ def test_nested_json_and_bad_content_parts_get_400_not_500(demo: DemoStack) -> N
     assert httpx.post(url + "/v1/chat/completions", json=ok, timeout=30).status_code == 200
     # and the server keeps serving on the same keep-alive connection
     with httpx.Client(base_url=url, timeout=30) as client:
-        assert client.post("/v1/completions", content=deep, headers={"content-type": "application/json"}
-                           ).status_code == 400
+        assert (
+            client.post("/v1/completions", content=deep, headers={"content-type": "application/json"}).status_code
+            == 400
+        )
         assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
 
 
@@ -302,8 +318,10 @@ def test_an_oversized_body_is_refused_before_it_is_read(demo: DemoStack) -> None
     # Content-Length of 50 MB and not one byte of body: the answer must come from the header alone
     # (the server used to wait for the body, then parse and tokenize it)
     with socket.create_connection((host, port), timeout=30) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 50000000\r\n\r\n")
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 50000000\r\n\r\n"
+        )
         head = b""
         while b"exceeds the limit" not in head:
             data = s.recv(4096)
@@ -317,8 +335,10 @@ def test_an_oversized_body_is_refused_before_it_is_read(demo: DemoStack) -> None
     before = _rss_bytes()
     chunk = b'{"prompt": "' + b"x" * (1 << 20)
     with socket.create_connection((host, port), timeout=30) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Transfer-Encoding: chunked\r\n\r\n")
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
         answer = b""
         try:
             for _ in range(50):  # 50 MB offered, 1 MB at a time
@@ -354,8 +374,11 @@ def test_a_scrape_right_after_the_load_has_every_request(monkeypatch: pytest.Mon
             with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30) as r:
                 assert _events(r.iter_lines())[-1] == "[DONE]"
         text = httpx.get(f"{base}/metrics", timeout=10).text
-    counts = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.endswith(("_count", "")) and "_count{" in line and "phase" not in line}
+    counts = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.endswith(("_count", "")) and "_count{" in line and "phase" not in line
+    }
     assert counts["gen_ai_server_time_to_first_token_seconds_count"] == 6
     assert counts["gen_ai_server_request_duration_seconds_count"] == 6
 
@@ -365,8 +388,11 @@ def test_a_scrape_right_after_the_load_has_every_request(monkeypatch: pytest.Mon
 
 def _exchange(sock: Any, reader: Any, body: bytes, path: str = "/v1/completions") -> tuple[int, dict[str, str], bytes]:
     """One HTTP/1.1 request on an open keep-alive socket; (status, headers, body) of its answer."""
-    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     status_line = reader.readline()
     assert status_line, "the server closed the connection"
     status = int(status_line.split()[1])
@@ -382,13 +408,17 @@ def _exchange(sock: Any, reader: Any, body: bytes, path: str = "/v1/completions"
     [
         ("/v1/completions", rb'{"prompt": "\ud800", "max_tokens": 2}', "prompt"),  # the issue's reproduction
         ("/v1/completions", rb'{"prompt": ["ok \udfff"], "max_tokens": 2}', "prompt"),
-        ("/v1/chat/completions", rb'{"messages": [{"role": "user", "content": "hi \ud83d"}], "max_tokens": 2}',
-         "messages"),
-        ("/v1/chat/completions", rb'{"messages": [{"role": "\udc00", "content": "hi"}], "max_tokens": 2}',
-         "messages"),
-        ("/v1/chat/completions",
-         rb'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}], "max_tokens": 2}',
-         "messages"),
+        (
+            "/v1/chat/completions",
+            rb'{"messages": [{"role": "user", "content": "hi \ud83d"}], "max_tokens": 2}',
+            "messages",
+        ),
+        ("/v1/chat/completions", rb'{"messages": [{"role": "\udc00", "content": "hi"}], "max_tokens": 2}', "messages"),
+        (
+            "/v1/chat/completions",
+            rb'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}], "max_tokens": 2}',
+            "messages",
+        ),
         ("/v1/completions", rb'{"prompt": "x", "model": "\ud800"}', "model"),
         ("/v1/completions", b'{"prompt": "caf\xe9", "max_tokens": 2}', None),  # Latin-1, not UTF-8
         ("/v1/completions", b'{"prompt": "\xff\xfe"}', None),
@@ -396,7 +426,8 @@ def _exchange(sock: Any, reader: Any, body: bytes, path: str = "/v1/completions"
     ],
 )
 def test_undecodable_input_is_a_400_and_the_connection_stays_usable(
-        demo: DemoStack, path: str, body: bytes, param: str | None) -> None:
+    demo: DemoStack, path: str, body: bytes, param: str | None
+) -> None:
     """Before: a lone surrogate in a prompt raised UnicodeEncodeError in the tokenizer: a 500, ~110 lines of
     traceback in the log, and the keep-alive connection reset under the client's next request."""
     import logging
@@ -413,8 +444,10 @@ def test_undecodable_input_is_a_400_and_the_connection_stays_usable(
     for lg in loggers:
         lg.addHandler(keep)
     try:
-        with socket.create_connection((demo.server.host, demo.server.port), timeout=30) as s, \
-                s.makefile("rb") as reader:
+        with (
+            socket.create_connection((demo.server.host, demo.server.port), timeout=30) as s,
+            s.makefile("rb") as reader,
+        ):
             status, headers, answer = _exchange(s, reader, body, path)
             assert status == 400, answer
             err = json.loads(answer)["error"]
@@ -437,8 +470,9 @@ def test_undecodable_input_is_a_400_and_the_connection_stays_usable(
 def test_profile_endpoint_shows_the_window_and_cancels_the_capture(demo: DemoStack, tmp_path: Any) -> None:
     base = demo.server.base_url + "/debug/profile"
     # a gate that stays shut (10,000 warm-up steps, ten minutes): the capture stays armed whatever traffic comes
-    demo.monitor.enable_profiler(directory=str(tmp_path / "traces"), steps=2, warmup_steps=10_000,
-                                 steady_timeout_s=600.0)
+    demo.monitor.enable_profiler(
+        directory=str(tmp_path / "traces"), steps=2, warmup_steps=10_000, steady_timeout_s=600.0
+    )
     r = httpx.get(base)
     assert r.status_code == 200 and r.json()["enabled"] is True and r.json()["state"] == "idle"
     first = httpx.post(base, params={"steps": 2})  # no traffic: it stays armed

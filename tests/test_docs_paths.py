@@ -53,7 +53,7 @@ def _expand(pattern: str) -> list[str]:
     m = re.search(r"\{([^{}]*)\}", pattern)
     if not m:
         return [pattern]
-    return [x for alt in m.group(1).split(",") for x in _expand(pattern[: m.start()] + alt + pattern[m.end():])]
+    return [x for alt in m.group(1).split(",") for x in _expand(pattern[: m.start()] + alt + pattern[m.end() :])]
 
 
 def path_exists(text: str) -> bool:
@@ -144,19 +144,34 @@ def test_every_cited_path_and_name_exists() -> None:
     assert not wrong, "citations of paths or names that do not exist:\n" + "\n".join(f"  {f}: {c}" for f, c in wrong)
 
 
-@pytest.mark.parametrize(("cited", "exists"), [
-    ("perfsdk/csrc/stepcore.c", True), ("perfsdk/_native/stepcore.c", False), ("perfsdk/csrc/*.c", True),
-    ("tests/data/h200_*.pt.trace.json.gz", True), ("tests/data/h200_{eager,item_sync}.pt.trace.json.gz", True),
-    ("tests/data/h200x2_*_rank{0,1}.pt.trace.json.gz", False), ("tests/test_nothing_here.py", False),
-])
+@pytest.mark.parametrize(
+    ("cited", "exists"),
+    [
+        ("perfsdk/csrc/stepcore.c", True),
+        ("perfsdk/_native/stepcore.c", False),
+        ("perfsdk/csrc/*.c", True),
+        ("tests/data/h200_*.pt.trace.json.gz", True),
+        ("tests/data/h200_{eager,item_sync}.pt.trace.json.gz", True),
+        ("tests/data/h200x2_*_rank{0,1}.pt.trace.json.gz", False),
+        ("tests/test_nothing_here.py", False),
+    ],
+)
 def test_the_path_check_can_fail(cited: str, exists: bool) -> None:
     assert path_exists(cited) is exists
 
 
-@pytest.mark.parametrize(("dotted", "resolves"), [
-    ("perfsdk.Monitor", True), ("perfsdk.hardware.calibrate", True), ("perfsdk.records.StepRecord", True),
-    ("perfsdk.records.count_or_none", False), ("perfsdk._hotpath", False), ("perfsdk.phase", None),
-    ("perfsdk.decode", None), ("perfsdk.bench.lengths", False),
-])
+@pytest.mark.parametrize(
+    ("dotted", "resolves"),
+    [
+        ("perfsdk.Monitor", True),
+        ("perfsdk.hardware.calibrate", True),
+        ("perfsdk.records.StepRecord", True),
+        ("perfsdk.records.count_or_none", False),
+        ("perfsdk._hotpath", False),
+        ("perfsdk.phase", None),
+        ("perfsdk.decode", None),
+        ("perfsdk.bench.lengths", False),
+    ],
+)
 def test_the_name_check_can_fail(dotted: str, resolves: bool | None) -> None:
     assert name_resolves(dotted) is resolves

@@ -15,9 +15,33 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, float]
 
 
 def test_seed_8b_example(capsys: pytest.CaptureFixture[str]) -> None:
-    r = run_json(capsys, "--params", "8e9", "--bytes-per-param", "2", "--layers", "32", "--heads", "32",
-                 "--kv-heads", "8", "--head-dim", "128", "--ctx", "4096", "--batch", "1", "--prompt-tokens", "2048",
-                 "--bandwidth-tb-s", "3.35", "--tflops", "989", "--measured-ms", "9.8")
+    r = run_json(
+        capsys,
+        "--params",
+        "8e9",
+        "--bytes-per-param",
+        "2",
+        "--layers",
+        "32",
+        "--heads",
+        "32",
+        "--kv-heads",
+        "8",
+        "--head-dim",
+        "128",
+        "--ctx",
+        "4096",
+        "--batch",
+        "1",
+        "--prompt-tokens",
+        "2048",
+        "--bandwidth-tb-s",
+        "3.35",
+        "--tflops",
+        "989",
+        "--measured-ms",
+        "9.8",
+    )
     assert r["kv_bytes_per_token"] == 131_072
     assert r["decode_floor_ms"] == pytest.approx(4.94, abs=0.01)
     assert r["prefill_floor_no_attention_ms"] == pytest.approx(33.1, abs=0.1)
@@ -42,8 +66,7 @@ def test_named_model_and_suffix_counts(capsys: pytest.CaptureFixture[str]) -> No
     assert "one row per sequence" in r["bytes_convention"]
 
 
-def test_a_step_faster_than_its_floor_says_the_measurement_or_peak_is_wrong(
-        capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_step_faster_than_its_floor_says_the_measurement_or_peak_is_wrong(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["floor", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--measured-ms", "2"]) == 0
     out = capsys.readouterr().out
     assert "MBU" in out and "suspect" in out
@@ -54,8 +77,32 @@ def test_a_step_faster_than_its_floor_says_the_measurement_or_peak_is_wrong(
 
 
 def test_human_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["floor", "--params", "8B", "--layers", "32", "--heads", "32", "--kv-heads", "8", "--head-dim",
-                 "128", "--ctx", "4096", "--bandwidth-tb-s", "3.35", "--tflops", "989", "--measured-ms", "6"]) == 0
+    assert (
+        main(
+            [
+                "floor",
+                "--params",
+                "8B",
+                "--layers",
+                "32",
+                "--heads",
+                "32",
+                "--kv-heads",
+                "8",
+                "--head-dim",
+                "128",
+                "--ctx",
+                "4096",
+                "--bandwidth-tb-s",
+                "3.35",
+                "--tflops",
+                "989",
+                "--measured-ms",
+                "6",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "decode floor" in out and "MBU" in out and "82." in out
 
@@ -93,8 +140,22 @@ def test_heads_override_keeps_the_models_kv_heads(capsys: pytest.CaptureFixture[
     assert r["kv_bytes_per_token"] == 131_072  # still 8 KV heads
 
 
-_BASE = ["--params", "7B", "--layers", "32", "--heads", "32", "--kv-heads", "8", "--head-dim", "128", "--ctx", "100",
-         "--gpu", "h100-sxm"]
+_BASE = [
+    "--params",
+    "7B",
+    "--layers",
+    "32",
+    "--heads",
+    "32",
+    "--kv-heads",
+    "8",
+    "--head-dim",
+    "128",
+    "--ctx",
+    "100",
+    "--gpu",
+    "h100-sxm",
+]
 
 
 @pytest.mark.parametrize(
@@ -141,10 +202,40 @@ def test_peaks_and_sizes_out_of_range_are_refused(
 
 def test_extreme_flags_in_range_print_readable_figures(capsys: pytest.CaptureFixture[str]) -> None:
     """Every flag at its bound at once: no overflow, and no figure printed with dozens of digits."""
-    assert main(["floor", "--params", "1e15", "--bandwidth-tb-s", "1e-6", "--tflops", "1e-6", "--ctx", "1000000000",
-                 "--batch", "10000000", "--layers", "100000", "--heads", "100000", "--kv-heads", "100000",
-                 "--head-dim", "100000", "--prompt-tokens", "1000000000", "--kv-bytes", "64",
-                 "--bytes-per-param", "64", "--measured-ms", "1e-6"]) == 0
+    assert (
+        main(
+            [
+                "floor",
+                "--params",
+                "1e15",
+                "--bandwidth-tb-s",
+                "1e-6",
+                "--tflops",
+                "1e-6",
+                "--ctx",
+                "1000000000",
+                "--batch",
+                "10000000",
+                "--layers",
+                "100000",
+                "--heads",
+                "100000",
+                "--kv-heads",
+                "100000",
+                "--head-dim",
+                "100000",
+                "--prompt-tokens",
+                "1000000000",
+                "--kv-bytes",
+                "64",
+                "--bytes-per-param",
+                "64",
+                "--measured-ms",
+                "1e-6",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "1.28e+30 ms/step" in out
     assert max(len(word) for word in out.split()) < 20

@@ -43,11 +43,13 @@ def _targets(dash: dict[str, Any]) -> list[tuple[str, str]]:
 @needs_promtool
 def test_rules_pass_promtool_check_and_unit_tests() -> None:
     assert PROMTOOL is not None
-    check = subprocess.run([PROMTOOL, "check", "rules", "perfsdk-rules.yml"], cwd=GRAFANA,
-                           capture_output=True, text=True, check=False)
+    check = subprocess.run(
+        [PROMTOOL, "check", "rules", "perfsdk-rules.yml"], cwd=GRAFANA, capture_output=True, text=True, check=False
+    )
     assert check.returncode == 0, check.stdout + check.stderr
-    unit = subprocess.run([PROMTOOL, "test", "rules", "perfsdk-rules.test.yml"], cwd=GRAFANA,
-                          capture_output=True, text=True, check=False)
+    unit = subprocess.run(
+        [PROMTOOL, "test", "rules", "perfsdk-rules.test.yml"], cwd=GRAFANA, capture_output=True, text=True, check=False
+    )
     assert unit.returncode == 0, unit.stdout + unit.stderr
     assert "SUCCESS" in unit.stdout
 
@@ -55,8 +57,9 @@ def test_rules_pass_promtool_check_and_unit_tests() -> None:
 def test_every_alert_has_a_promtool_case_that_fires_it_and_one_that_does_not() -> None:
     # before: PerfsdkTTFTHigh and PerfsdkStraggler were only ever tested firing
     alerts = re.findall(r"^\s*- alert: (\w+)$", (GRAFANA / "perfsdk-rules.yml").read_text(), re.MULTILINE)
-    cases = re.findall(r"^\s*alertname: (\w+)\n\s*exp_alerts:(.*)$", (GRAFANA / "perfsdk-rules.test.yml").read_text(),
-                       re.MULTILINE)
+    cases = re.findall(
+        r"^\s*alertname: (\w+)\n\s*exp_alerts:(.*)$", (GRAFANA / "perfsdk-rules.test.yml").read_text(), re.MULTILINE
+    )
     assert len(alerts) >= 8 and cases
     fires = {name for name, exp in cases if exp.strip() != "[]"}
     quiet = {name for name, exp in cases if exp.strip() == "[]"}
@@ -82,15 +85,17 @@ def test_the_targets_up_panel_shows_a_dead_target_for_as_long_as_it_is_down(tmp_
     test = {  # JSON is YAML
         "rule_files": [str(GRAFANA / "perfsdk-rules.yml")],
         "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [
-                {"series": "up" + target, "values": "1x10 0x180"},
-                {"series": "perfsdk_dropped_records_total" + target, "values": "0x10"},
-                {"series": 'up{job="node",instance="gpu-7:9100"}', "values": "0x190"},  # not perfsdk's
-            ],
-            "promql_expr_test": [at(5, 1), at(20, 0), at(75, 0), at(180, 0)],
-        }],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": "up" + target, "values": "1x10 0x180"},
+                    {"series": "perfsdk_dropped_records_total" + target, "values": "0x10"},
+                    {"series": 'up{job="node",instance="gpu-7:9100"}', "values": "0x190"},  # not perfsdk's
+                ],
+                "promql_expr_test": [at(5, 1), at(20, 0), at(75, 0), at(180, 0)],
+            }
+        ],
     }
     path = tmp_path / "panel.test.yml"
     path.write_text(json.dumps(test))
@@ -100,8 +105,9 @@ def test_the_targets_up_panel_shows_a_dead_target_for_as_long_as_it_is_down(tmp_
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="grafana-foundation-sdk, which builds it, needs Python 3.11")
 def test_the_committed_dashboard_is_what_the_generator_builds() -> None:
-    run = subprocess.run([sys.executable, str(GRAFANA / "build_dashboard.py"), "--check"],
-                         capture_output=True, text=True, check=False)
+    run = subprocess.run(
+        [sys.executable, str(GRAFANA / "build_dashboard.py"), "--check"], capture_output=True, text=True, check=False
+    )
     assert run.returncode == 0, run.stderr
 
 
@@ -121,14 +127,26 @@ def test_dashboard_is_well_formed() -> None:
         used |= set(re.findall(r"\$(\w+)", expr))
     assert used <= variables | {"__rate_interval"}, used
     # the metric names queried are exactly ones perfsdk exports (or their histogram series)
-    exported = {"gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_per_output_token_seconds",
-                "gen_ai_server_request_duration_seconds", "perfsdk_inter_token_latency_seconds",
-                "perfsdk_request_queue_seconds", "perfsdk_step_seconds", "perfsdk_step_bandwidth_utilization",
-                "perfsdk_step_flops_utilization", "perfsdk_step_bytes_total", "perfsdk_step_flops_total",
-                "perfsdk_step_tokens_total", "perfsdk_hardware_peak_bandwidth_bytes", "perfsdk_hardware_peak_flops",
-                "perfsdk_dropped_records_total", "perfsdk_internal_errors_total",
-                "perfsdk_profile_gpu_busy_fraction", "perfsdk_profile_communication_fraction",
-                "perfsdk_requests_total"}
+    exported = {
+        "gen_ai_server_time_to_first_token_seconds",
+        "gen_ai_server_time_per_output_token_seconds",
+        "gen_ai_server_request_duration_seconds",
+        "perfsdk_inter_token_latency_seconds",
+        "perfsdk_request_queue_seconds",
+        "perfsdk_step_seconds",
+        "perfsdk_step_bandwidth_utilization",
+        "perfsdk_step_flops_utilization",
+        "perfsdk_step_bytes_total",
+        "perfsdk_step_flops_total",
+        "perfsdk_step_tokens_total",
+        "perfsdk_hardware_peak_bandwidth_bytes",
+        "perfsdk_hardware_peak_flops",
+        "perfsdk_dropped_records_total",
+        "perfsdk_internal_errors_total",
+        "perfsdk_profile_gpu_busy_fraction",
+        "perfsdk_profile_communication_fraction",
+        "perfsdk_requests_total",
+    }
     for title, expr in _targets(dash):
         for name in re.findall(r"\b((?:gen_ai|perfsdk)_[a-z_]+)", expr):
             base = re.sub(r"_(bucket|sum|count)$", "", name)
@@ -138,8 +156,11 @@ def test_dashboard_is_well_formed() -> None:
 # ---------------------------------------------------------------------------------------------- live
 MODEL = ModelSpec.named("llama-3-8b")
 # chosen so that a 2 ms decode step reads at ~50 % of the bandwidth and a 10 ms prefill computes at ~50 %
-HW = HardwareSpec(name="grafana-test-gpu", memory_bandwidth=MODEL.weight_bytes / 0.002 / 0.5,
-                  flops={"bf16": 2 * MODEL.params * 256 / 0.010 / 0.5})
+HW = HardwareSpec(
+    name="grafana-test-gpu",
+    memory_bandwidth=MODEL.weight_bytes / 0.002 / 0.5,
+    flops={"bf16": 2 * MODEL.params * 256 / 0.010 / 0.5},
+)
 
 
 def _traffic(mon: perfsdk.Monitor, stop: threading.Event) -> None:
@@ -161,15 +182,23 @@ def _traffic(mon: perfsdk.Monitor, stop: threading.Event) -> None:
 def prometheus_on_a_monitor(tmp_path: Path) -> Iterator[tuple[str, perfsdk.Monitor]]:
     if PROMETHEUS is None or PROMTOOL is None:
         pytest.skip("the prometheus binary is not installed (apt install prometheus)")
-    mon = perfsdk.Monitor(model=MODEL, hardware=HW, registry=CollectorRegistry(), otel=False, nvtx=False,
-                          timing="host", model_name="grafana-test")
+    mon = perfsdk.Monitor(
+        model=MODEL,
+        hardware=HW,
+        registry=CollectorRegistry(),
+        otel=False,
+        nvtx=False,
+        timing="host",
+        model_name="grafana-test",
+    )
     server = mon.serve_metrics(port=0)
     stop = threading.Event()
     worker = threading.Thread(target=_traffic, args=(mon, stop), daemon=True)
     worker.start()
     try:
-        with running_prometheus(tmp_path, job="llm", target=f"127.0.0.1:{server.port}",
-                                rule_files=[GRAFANA / "perfsdk-rules.yml"]) as prom:
+        with running_prometheus(
+            tmp_path, job="llm", target=f"127.0.0.1:{server.port}", rule_files=[GRAFANA / "perfsdk-rules.yml"]
+        ) as prom:
             yield prom.url, mon
     finally:
         stop.set()
@@ -179,7 +208,8 @@ def prometheus_on_a_monitor(tmp_path: Path) -> Iterator[tuple[str, perfsdk.Monit
 
 @pytest.mark.slow
 def test_every_panel_query_and_recording_rule_runs_on_a_real_prometheus(
-        prometheus_on_a_monitor: tuple[str, perfsdk.Monitor]) -> None:
+    prometheus_on_a_monitor: tuple[str, perfsdk.Monitor],
+) -> None:
     prom, _ = prometheus_on_a_monitor
     # wait until the recording rules have been evaluated over a few scrapes (a 10 s rate then has points)
     start = time.monotonic()
@@ -204,10 +234,23 @@ def test_every_panel_query_and_recording_rule_runs_on_a_real_prometheus(
     results = {title + " | " + expr: run(expr) for title, expr in _targets(_dashboard())}
     # the panels that must show data for a server with traffic (the rest may be empty: no profile taken,
     # no drops, no errors)
-    must = ("Decode MBU", "Prefill MFU", "Decode step time p50", "Step time by phase", "Tokens per second",
-            "Time to first token", "Time per output token", "Queue time", "Requests per second", "Request duration",
-            "How requests ended",
-            "Decode MBU by rank", "Decode step time by rank", "perfsdk targets up", "Decode steps per second by rank")
+    must = (
+        "Decode MBU",
+        "Prefill MFU",
+        "Decode step time p50",
+        "Step time by phase",
+        "Tokens per second",
+        "Time to first token",
+        "Time per output token",
+        "Queue time",
+        "Requests per second",
+        "Request duration",
+        "How requests ended",
+        "Decode MBU by rank",
+        "Decode step time by rank",
+        "perfsdk targets up",
+        "Decode steps per second by rank",
+    )
     for key, res in results.items():
         if key.startswith(must) and "mixed" not in key:
             assert res, f"no data for {key}"
@@ -215,10 +258,17 @@ def test_every_panel_query_and_recording_rule_runs_on_a_real_prometheus(
     # host sleeps overshoot, so a little under)
     mbu = float(run(_targets(_dashboard())[0][1])[0]["value"][1])
     assert 0.2 < mbu <= 0.5
-    for rule in ("perfsdk:decode_mbu:mean5m", "perfsdk:prefill_mfu:mean5m", "perfsdk:decode_mbu:ratio_rate5m",
-                 "perfsdk:decode_mbu:fleet_ratio_rate5m", "perfsdk:decode_step_seconds:mean5m",
-                 "perfsdk:decode_steps:rate5m", "perfsdk:prefill_steps:rate5m", "perfsdk:ttft_seconds:p99_5m",
-                 "perfsdk:target:serves_perfsdk"):
+    for rule in (
+        "perfsdk:decode_mbu:mean5m",
+        "perfsdk:prefill_mfu:mean5m",
+        "perfsdk:decode_mbu:ratio_rate5m",
+        "perfsdk:decode_mbu:fleet_ratio_rate5m",
+        "perfsdk:decode_step_seconds:mean5m",
+        "perfsdk:decode_steps:rate5m",
+        "perfsdk:prefill_steps:rate5m",
+        "perfsdk:ttft_seconds:p99_5m",
+        "perfsdk:target:serves_perfsdk",
+    ):
         res = run(rule)
         assert res and float(res[0]["value"][1]) > 0, rule
     # requests finish, none fails: the error share is there, and 0
@@ -227,10 +277,17 @@ def test_every_panel_query_and_recording_rule_runs_on_a_real_prometheus(
     # the alert rules loaded and none fires on a healthy server
     rules = json.load(urllib.request.urlopen(f"{prom}/api/v1/rules", timeout=5))
     alerts = [r for g in rules["data"]["groups"] for r in g["rules"] if r["type"] == "alerting"]
-    assert {a["name"] for a in alerts} == {"PerfsdkDecodeMBUDropped", "PerfsdkPrefillMFUDropped", "PerfsdkTTFTHigh",
-                                           "PerfsdkImpossibleUtilization",
-                                          "PerfsdkDroppingRecords", "PerfsdkInternalErrors", "PerfsdkRankDown",
-                                          "PerfsdkStraggler", "PerfsdkRequestErrors"}
+    assert {a["name"] for a in alerts} == {
+        "PerfsdkDecodeMBUDropped",
+        "PerfsdkPrefillMFUDropped",
+        "PerfsdkTTFTHigh",
+        "PerfsdkImpossibleUtilization",
+        "PerfsdkDroppingRecords",
+        "PerfsdkInternalErrors",
+        "PerfsdkRankDown",
+        "PerfsdkStraggler",
+        "PerfsdkRequestErrors",
+    }
     # one process: no rank label, and no profile taken yet, so no communication share exported (a 0 there
     # would make this the rank that waits for nobody)
     assert run("perfsdk_profile_communication_fraction") == []

@@ -136,10 +136,7 @@ def test_unknown_name_suggests_and_says_how_to_pass_a_spec() -> None:
     assert isinstance(info.value, ValueError)
 
 
-@pytest.mark.parametrize(
-    "spelling",
-    ["bf16", "bfloat16", "torch.bfloat16", torch.bfloat16, "BF16"],
-)
+@pytest.mark.parametrize("spelling", ["bf16", "bfloat16", "torch.bfloat16", torch.bfloat16, "BF16"])
 def test_peak_flops_accepts_dtype_spellings(spelling: object) -> None:
     assert hw.get("h100-sxm").peak_flops(spelling) == 989e12
 
@@ -191,9 +188,7 @@ def test_validation_names_the_field(kwargs: dict[str, object], field: str) -> No
 
 
 def test_custom_spec_normalises_dtype_keys() -> None:
-    spec = hw.HardwareSpec(
-        name="my-gpu", memory_bandwidth=1e12, flops={"bfloat16": 4e14, "torch.float16": 4e14}
-    )
+    spec = hw.HardwareSpec(name="my-gpu", memory_bandwidth=1e12, flops={"bfloat16": 4e14, "torch.float16": 4e14})
     assert dict(spec.flops) == {"bf16": 4e14, "fp16": 4e14}
     assert spec.display_name == "my-gpu"
 
@@ -307,8 +302,7 @@ def test_no_cache_measures_and_writes_nothing(cache_dir: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "field"),
-    [({"device": "tpu"}, "device"), ({"device": "cpu", "size_mb": 0}, "size_mb")],
+    ("kwargs", "field"), [({"device": "tpu"}, "device"), ({"device": "cpu", "size_mb": 0}, "size_mb")]
 )
 def test_calibrate_validates(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError, match=f"^{field}"):

@@ -98,10 +98,13 @@ def test_a_finish_before_arrival_never_makes_a_negative_duration() -> None:
 
 
 # ---- item 4: the hot path never raises on values; strict mode does -------------------------------------
-@pytest.mark.parametrize("kwargs", [{"batch": -1}, {"batch": 1.5}, {"context_tokens": "many"},
-                                    {"batch": float("nan")}, {"context_tokens": 10**70}])
-def test_a_bad_size_is_dropped_counted_and_logged_once_with_the_value(kwargs: dict[str, Any],
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"batch": -1}, {"batch": 1.5}, {"context_tokens": "many"}, {"batch": float("nan")}, {"context_tokens": 10**70}],
+)
+def test_a_bad_size_is_dropped_counted_and_logged_once_with_the_value(
+    kwargs: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
     with lenient() as h, caplog.at_level(logging.ERROR, logger="perfsdk"):
         ran = 0
         for _ in range(3):
@@ -126,21 +129,37 @@ def test_strict_mode_raises_for_the_same_values() -> None:
 
 
 # ---- item 5: every numeric setting is validated, arguments and environment alike ------------------------
-@pytest.mark.parametrize(("kw", "field"), [
-    ({"poll_interval": float("nan")}, "poll_interval"), ({"poll_interval": float("inf")}, "poll_interval"),
-    ({"poll_interval": 1e10}, "poll_interval"), ({"poll_interval": 0}, "poll_interval"),
-    ({"queue_size": 1.9}, "queue_size"), ({"queue_size": True}, "queue_size"),
-    ({"export_interval": -1}, "export_interval"), ({"step_span_rate": float("nan")}, "step_span_rate"),
-    ({"event_pool_size": 2**40}, "event_pool_size"), ({"timing_every": 0.5}, "timing_every"),
-])
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"poll_interval": float("nan")}, "poll_interval"),
+        ({"poll_interval": float("inf")}, "poll_interval"),
+        ({"poll_interval": 1e10}, "poll_interval"),
+        ({"poll_interval": 0}, "poll_interval"),
+        ({"queue_size": 1.9}, "queue_size"),
+        ({"queue_size": True}, "queue_size"),
+        ({"export_interval": -1}, "export_interval"),
+        ({"step_span_rate": float("nan")}, "step_span_rate"),
+        ({"event_pool_size": 2**40}, "event_pool_size"),
+        ({"timing_every": 0.5}, "timing_every"),
+    ],
+)
 def test_bad_settings_fail_at_construction(kw: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         perfsdk.Monitor(registry=CollectorRegistry(), otel=False, **kw)
 
 
-@pytest.mark.parametrize(("var", "value"), [("PERFSDK_METRICS_PORT", "abc"), ("PERFSDK_QUEUE_SIZE", "1.9"),
-                                            ("PERFSDK_POLL_INTERVAL", "nan"), ("PERFSDK_ENABLED", "maybe"),
-                                            ("PERFSDK_STEP_SPAN_RATE", "2"), ("PERFSDK_METRICS_PORT", "70000")])
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("PERFSDK_METRICS_PORT", "abc"),
+        ("PERFSDK_QUEUE_SIZE", "1.9"),
+        ("PERFSDK_POLL_INTERVAL", "nan"),
+        ("PERFSDK_ENABLED", "maybe"),
+        ("PERFSDK_STEP_SPAN_RATE", "2"),
+        ("PERFSDK_METRICS_PORT", "70000"),
+    ],
+)
 def test_bad_environment_settings_name_the_variable(var: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(var, value)
     with pytest.raises(ConfigError, match=f"{var} \\(environment\\)"):
@@ -196,8 +215,9 @@ def test_a_slow_span_exporter_never_holds_back_metrics() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(slow))  # type: ignore[arg-type]
     reg = CollectorRegistry()
-    mon = perfsdk.Monitor(model=MODEL, hardware=HW, registry=reg, tracer_provider=provider, timing="host",
-                          nvtx=False, model_name="m")
+    mon = perfsdk.Monitor(
+        model=MODEL, hardware=HW, registry=reg, tracer_provider=provider, timing="host", nvtx=False, model_name="m"
+    )
     for _ in range(50):
         with mon.request(prompt_tokens=8) as req:
             req.tokens(1)
@@ -238,8 +258,15 @@ def test_spans_a_full_span_queue_drops_are_exported_with_their_reason() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(slow))  # type: ignore[arg-type]
     reg = CollectorRegistry()
-    mon = perfsdk.Monitor(registry=reg, tracer_provider=provider, timing="host", nvtx=False, model_name="m",
-                          step_span_rate=1.0, export_interval=60)
+    mon = perfsdk.Monitor(
+        registry=reg,
+        tracer_provider=provider,
+        timing="host",
+        nvtx=False,
+        model_name="m",
+        step_span_rate=1.0,
+        export_interval=60,
+    )
     try:
         for _ in range(3):  # 3 x 4,096 spans handed to a span thread stuck on its first: its queue holds 8,192
             for _ in range(4096):
@@ -309,8 +336,12 @@ def test_negative_times_an_engine_reports_are_counted_never_observed() -> None:
 
 # ---- the property: arbitrary values through both hot paths ------------------------------------------------
 VALUES = st.one_of(
-    st.integers(min_value=-(2**70), max_value=2**70), st.integers(min_value=0, max_value=10_000),
-    st.floats(allow_nan=True, allow_infinity=True), st.none(), st.booleans(), st.text(max_size=3),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.integers(min_value=0, max_value=10_000),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.none(),
+    st.booleans(),
+    st.text(max_size=3),
     st.lists(st.integers(min_value=-5, max_value=2**33), max_size=4),
 )
 
@@ -342,8 +373,15 @@ def expected_tokens(phase: str, batch: Any, tokens: Any, ctx: Any, lens: Any) ->
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(calls=st.lists(st.tuples(st.sampled_from(["decode", "prefill", "mixed"]), VALUES, VALUES, VALUES,
-                                st.one_of(st.none(), VALUES)), min_size=1, max_size=12))
+@given(
+    calls=st.lists(
+        st.tuples(
+            st.sampled_from(["decode", "prefill", "mixed"]), VALUES, VALUES, VALUES, st.one_of(st.none(), VALUES)
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
 def test_arbitrary_values_never_raise_never_corrupt_and_always_count(calls: list[tuple[Any, ...]]) -> None:
     with lenient() as h:
         mon = h.monitor
@@ -359,8 +397,7 @@ def test_arbitrary_values_never_raise_never_corrupt_and_always_count(calls: list
             elif phase == "prefill":
                 step = mon.prefill(tokens=tokens, batch=batch, seq_lens=lens, cached_tokens=ctx)
             else:
-                step = mon.mixed(prefill_seq_lens=() if lens is None else lens, decode_batch=batch,
-                                 context_tokens=ctx)
+                step = mon.mixed(prefill_seq_lens=() if lens is None else lens, decode_batch=batch, context_tokens=ctx)
             if callable(batch) or callable(ctx):
                 continue
             with step:

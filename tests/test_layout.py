@@ -106,9 +106,27 @@ def test_the_cycle_finder_finds_one() -> None:
 
 def test_monitor_is_the_public_api_only() -> None:
     """monitor.py holds the Monitor; the hot path's state (recorder.py), its assembly, its life, the core, the
-    hand-off and the sinks live elsewhere."""
-    lines = (ROOT / "monitor.py").read_text().count("\n")
-    assert lines < 500  # under half of what it was (1,109 lines) when it held all of it
+    hand-off and the sinks live elsewhere. Counted in code lines (docstrings, comments and blank lines left out):
+    the module's length is its usage guide and the public methods' signatures, one argument a line under
+    ``ruff format``; the logic behind them must stay thin."""
+    src = (ROOT / "monitor.py").read_text()
+    docs: set[int] = set()
+    for node in ast.walk(ast.parse(src)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                docs.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    code = [
+        ln
+        for i, ln in enumerate(src.splitlines(), 1)
+        if i not in docs and ln.strip() and not ln.strip().startswith("#")
+    ]
+    assert len(code) < 360  # a third of what monitor.py was (1,109 lines, all code) when it held all of it
 
 
 # ---- tests through public seams ----------------------------------------------------------------------------------
@@ -118,7 +136,7 @@ def test_monitor_is_the_public_api_only() -> None:
 PRIVATE_ALLOWED = {
     # torch creates a CUDA event at its first record: the benchmark records every free event of a pool whose core
     # it holds back, before it measures; no public seam should hand out events that nobody holds
-    ("benchmarks/overhead_calls.py", "_free"),
+    ("benchmarks/overhead_calls.py", "_free")
 }
 MONITOR_MODULES = {"perfsdk.monitor", "perfsdk.assembly", "perfsdk.lifecycle", "perfsdk.recorder"}
 
@@ -238,14 +256,17 @@ def test_the_reach_in_finder_finds_them() -> None:
 
 
 def test_import_perfsdk_loads_no_torch_and_starts_no_thread() -> None:
-    code = ("import sys, threading; import perfsdk; perfsdk.Monitor; "
-            "print('torch' in sys.modules, threading.active_count())")
+    code = (
+        "import sys, threading; import perfsdk; perfsdk.Monitor; "
+        "print('torch' in sys.modules, threading.active_count())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["False", "1"]
 
 
-def test_a_subcommand_that_cannot_import_says_why_and_exits_non_zero(monkeypatch: pytest.MonkeyPatch,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_subcommand_that_cannot_import_says_why_and_exits_non_zero(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import importlib
 
     from perfsdk import cli

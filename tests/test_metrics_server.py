@@ -126,7 +126,10 @@ def test_a_slow_loris_cannot_deny_a_scrape_and_threads_stay_bounded() -> None:
         base_threads = threading.active_count()
         attacker = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("slow_loris.py")), str(srv.port), "100", "4"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert attacker.stdout is not None and attacker.stdout.readline().strip() == "started"
             most_threads = most_connections = 0
@@ -217,9 +220,17 @@ def test_a_client_that_does_not_read_its_answer_is_cut_and_busy_slots_answer_503
             srv.close()
 
 
-@pytest.mark.parametrize("bad", [{"max_connections": 0}, {"max_connections": True}, {"read_timeout": 0},
-                                 {"read_timeout": float("nan")}, {"write_timeout": -1},
-                                 {"write_timeout": float("inf")}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_connections": 0},
+        {"max_connections": True},
+        {"read_timeout": 0},
+        {"read_timeout": float("nan")},
+        {"write_timeout": -1},
+        {"write_timeout": float("inf")},
+    ],
+)
 def test_connection_limits_are_checked_at_construction(bad: dict[str, object]) -> None:
     from perfsdk.errors import ConfigError
 

@@ -11,9 +11,18 @@ from perfsdk.model import KNOWN_MODELS, ModelSpec, dtype_bytes
 
 # Published totals (model cards): the table derives them from the configs, so these check the formula.
 PUBLISHED_PARAMS = {
-    "llama-2-7b": 6.74e9, "llama-2-13b": 13.0e9, "llama-2-70b": 69.0e9, "llama-3-8b": 8.03e9,
-    "llama-3-70b": 70.6e9, "mistral-7b": 7.24e9, "mixtral-8x7b": 46.7e9, "qwen2.5-7b": 7.62e9,
-    "qwen2.5-72b": 72.7e9, "llama-3.2-1b": 1.24e9, "tinyllama-1.1b": 1.10e9, "gemma-2-9b": 9.24e9,
+    "llama-2-7b": 6.74e9,
+    "llama-2-13b": 13.0e9,
+    "llama-2-70b": 69.0e9,
+    "llama-3-8b": 8.03e9,
+    "llama-3-70b": 70.6e9,
+    "mistral-7b": 7.24e9,
+    "mixtral-8x7b": 46.7e9,
+    "qwen2.5-7b": 7.62e9,
+    "qwen2.5-72b": 72.7e9,
+    "llama-3.2-1b": 1.24e9,
+    "tinyllama-1.1b": 1.10e9,
+    "gemma-2-9b": 9.24e9,
     "llama-3.1-405b": 405.9e9,
 }
 
@@ -55,8 +64,15 @@ def test_from_hf_config_dict_and_object() -> None:
 
 def test_gpt_neox_layout() -> None:
     # pythia-1.4b config.json
-    cfg = {"model_type": "gpt_neox", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
-           "intermediate_size": 8192, "vocab_size": 50304, "tie_word_embeddings": False}
+    cfg = {
+        "model_type": "gpt_neox",
+        "hidden_size": 2048,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "intermediate_size": 8192,
+        "vocab_size": 50304,
+        "tie_word_embeddings": False,
+    }
     spec = ModelSpec.from_hf_config(cfg)
     assert spec.total_params == pytest.approx(1.414e9, rel=0.01)  # Pythia's published 1,414,647,808
     assert spec.kv_heads == 16 and spec.head_dim == 128
@@ -65,8 +81,16 @@ def test_gpt_neox_layout() -> None:
 @pytest.mark.parametrize(
     ("cfg", "msg"),
     [
-        ({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 10,
-          "intermediate_size": 1}, "num_hidden_layers"),
+        (
+            {
+                "model_type": "llama",
+                "hidden_size": 4096,
+                "num_attention_heads": 32,
+                "vocab_size": 10,
+                "intermediate_size": 1,
+            },
+            "num_hidden_layers",
+        ),
         (dict(KNOWN_MODELS["llama-3-8b"], num_key_value_heads=7), "does not divide"),
         (dict(KNOWN_MODELS["llama-3-8b"], hidden_size=4095), "not divisible"),
         (dict(KNOWN_MODELS["llama-3-8b"], vocab_size=0), "vocab_size"),
@@ -126,31 +150,43 @@ def test_from_module_counts_torch_parameters() -> None:
     assert (spec2.embedding_bytes, spec2.embedding_row_bytes) == (0, 0)
 
 
-@pytest.mark.parametrize(("fields", "problem"), [
-    ({"embedding_bytes": -1.0}, "embedding_bytes"),
-    ({"embedding_bytes": 10.0}, "less than weight_bytes"),
-    ({"embedding_bytes": 4.0, "embedding_row_bytes": 5.0}, "cannot exceed its table"),
-])
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"embedding_bytes": -1.0}, "embedding_bytes"),
+        ({"embedding_bytes": 10.0}, "less than weight_bytes"),
+        ({"embedding_bytes": 4.0, "embedding_row_bytes": 5.0}, "cannot exceed its table"),
+    ],
+)
 def test_embedding_sizes_are_checked(fields: dict[str, float], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
         ModelSpec(params=1, weight_bytes=10, **fields)
 
 
-
-@pytest.mark.parametrize(("qcfg", "dtype"), [
-    ({"quant_method": "fp8"}, "fp8"),
-    ({"quant_method": "awq", "bits": 4}, "int4"),
-    ({"quant_method": "gptq", "bits": 8}, "int8"),
-    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}},
-     "int4"),
-    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float"}}}},
-     "fp8"),
-    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "int4"),
-    ({"quant_method": "mxfp4"}, "mxfp4"),
-    ({"quant_method": "something-new"}, None),
-    ({}, None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    ("qcfg", "dtype"),
+    [
+        ({"quant_method": "fp8"}, "fp8"),
+        ({"quant_method": "awq", "bits": 4}, "int4"),
+        ({"quant_method": "gptq", "bits": 8}, "int8"),
+        (
+            {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}},
+            "int4",
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float"}}},
+            },
+            "fp8",
+        ),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "int4"),
+        ({"quant_method": "mxfp4"}, "mxfp4"),
+        ({"quant_method": "something-new"}, None),
+        ({}, None),
+        (None, None),
+    ],
+)
 def test_quantized_checkpoints_are_sized_at_their_stored_width(qcfg: Any, dtype: str | None) -> None:
     from perfsdk.model import quantized_weight_dtype
 

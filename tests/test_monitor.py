@@ -77,14 +77,14 @@ def test_latency_values_under_a_controlled_clock() -> None:
     with monitor_harness(clock=clock) as h:
         req = h.monitor.request(prompt_tokens=100)
         clock.advance(0.030)
-        req.scheduled()            # queue 30 ms
+        req.scheduled()  # queue 30 ms
         clock.advance(0.070)
-        req.tokens(1)              # TTFT 100 ms
+        req.tokens(1)  # TTFT 100 ms
         for gap in (0.010, 0.020, 0.030):
             clock.advance(gap)
             req.tokens(1)
         clock.advance(0.005)
-        req.finish("length")       # e2e 165 ms, 4 tokens
+        req.finish("length")  # e2e 165 ms, 4 tokens
         assert h.sum(QUEUE) == pytest.approx(0.030)
         assert h.sum(TTFT) == pytest.approx(0.100)
         assert h.sum(ITL) == pytest.approx(0.060)
@@ -128,15 +128,15 @@ def test_mbu_and_mfu_are_the_budget_formulas_on_the_step_time() -> None:
         assert h.sum(MFU, phase="prefill") == pytest.approx(prefill_flops / (0.050 * 500e12))
         # a mixed step reports both
         assert h.sum(MBU, phase="mixed") == pytest.approx(
-            budget.mixed_step_bytes(MODEL, [256], 3000, 3) / (0.020 * 2e12))
+            budget.mixed_step_bytes(MODEL, [256], 3000, 3) / (0.020 * 2e12)
+        )
         assert h.sum(MFU, phase="mixed") == pytest.approx(
-            budget.mixed_step_flops(MODEL, [256], 3, 3000) / (0.020 * 500e12))
+            budget.mixed_step_flops(MODEL, [256], 3, 3000) / (0.020 * 500e12)
+        )
         assert h.value("perfsdk_step_bytes_total", phase="decode") == pytest.approx(decode_bytes)
-        assert h.value("perfsdk_step_flops_total", phase="decode") == pytest.approx(
-            budget.decode_flops(MODEL, 4, 4000))
+        assert h.value("perfsdk_step_flops_total", phase="decode") == pytest.approx(budget.decode_flops(MODEL, 4, 4000))
         assert h.sum(STEP, phase="decode") == pytest.approx(0.010)
-        assert h.registry.get_sample_value(
-            "perfsdk_hardware_peak_bandwidth_bytes", {"device": "test-gpu"}) == 2e12
+        assert h.registry.get_sample_value("perfsdk_hardware_peak_bandwidth_bytes", {"device": "test-gpu"}) == 2e12
 
 
 def test_spans_names_structure_and_attributes() -> None:
@@ -245,8 +245,9 @@ def test_internal_failures_never_reach_the_server(caplog: pytest.LogCaptureFixtu
                     ran = True
         assert ran
         assert h.value("perfsdk_internal_errors_total") == 3
-        assert sum("nvtx exploded" in r.getMessage() or "internal error" in r.getMessage()
-                   for r in caplog.records) == 1  # logged once per site
+        assert (
+            sum("nvtx exploded" in r.getMessage() or "internal error" in r.getMessage() for r in caplog.records) == 1
+        )  # logged once per site
 
         # a sink that raises on the collector thread: counted, the collector keeps going
         prom = next(s for s in h.probe.sinks if isinstance(s, PrometheusSink))
@@ -303,7 +304,8 @@ def test_decorator_reads_the_call_arguments() -> None:
         assert asyncio.run(prefill("hello world", temperature=0.0)) == 11
         assert h.value("perfsdk_step_tokens_total", phase="decode") == 3
         assert h.value("perfsdk_step_bytes_total", phase="decode") == pytest.approx(
-            budget.decode_step_bytes(MODEL, 600, 3))
+            budget.decode_step_bytes(MODEL, 600, 3)
+        )
         assert h.value("perfsdk_step_tokens_total", phase="prefill") == 11
         assert h.sum(STEP, phase="prefill") == pytest.approx(0.02)
 
@@ -398,8 +400,11 @@ def test_bare_decorator_on_a_disabled_monitor_returns_the_function() -> None:
 
 
 def test_callable_sizes_in_a_with_block_are_a_clear_error() -> None:
-    with monitor_harness() as h, pytest.raises(ConfigError, match="decorator form"), \
-            h.monitor.decode(batch=lambda x: 1):
+    with (
+        monitor_harness() as h,
+        pytest.raises(ConfigError, match="decorator form"),
+        h.monitor.decode(batch=lambda x: 1),
+    ):
         pass
 
 
@@ -414,8 +419,13 @@ def test_bad_phase_sizes_fail_at_construction(kwargs: dict[str, Any], field: str
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"queue_size": 0}, "queue_size"), ({"timing": "gpu"}, "timing"), ({"step_span_rate": 2.0}, "step_span_rate"),
-     ({"model": 42}, "model"), ({"hardware": "h100-sxn"}, "Did you mean")],
+    [
+        ({"queue_size": 0}, "queue_size"),
+        ({"timing": "gpu"}, "timing"),
+        ({"step_span_rate": 2.0}, "step_span_rate"),
+        ({"model": 42}, "model"),
+        ({"hardware": "h100-sxn"}, "Did you mean"),
+    ],
 )
 def test_bad_monitor_config_fails_at_construction(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
@@ -467,13 +477,16 @@ def test_torch_compile_traces_through_the_wrappers_as_noops(form: str) -> None:
     with monitor_harness() as h:
         mon = h.monitor
         if form == "with":
+
             def step(x: Any) -> Any:
                 with mon.decode(batch=2, context_tokens=8):
                     return x * 2 + 1
         else:
+
             @mon.decode(batch=lambda x: x.shape[0])
             def step(x: Any) -> Any:
                 return x * 2 + 1
+
         torch._dynamo.reset()
         compiled = torch.compile(step, backend="eager", fullgraph=True)  # a graph break would raise
         for _ in range(3):
@@ -520,13 +533,26 @@ def test_exported_metrics_are_exactly_the_documented_set() -> None:
         h.flush()
         names = {m.name for m in h.registry.collect()}
         assert names == {
-            "gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_per_output_token_seconds",
-            "gen_ai_server_request_duration_seconds", "perfsdk_inter_token_latency_seconds",
-            "perfsdk_request_queue_seconds", "perfsdk_step_seconds", "perfsdk_step_bandwidth_utilization",
-            "perfsdk_step_flops_utilization", "perfsdk_step_bytes", "perfsdk_step_flops", "perfsdk_step_tokens",
-            "perfsdk_hardware_peak_bandwidth_bytes", "perfsdk_hardware_peak_flops", "perfsdk_dropped_records",
-            "perfsdk_dropped_spans", "perfsdk_internal_errors", "perfsdk_profile_gpu_busy_fraction",
-            "perfsdk_profile_communication_fraction", "perfsdk_suspect_utilization", "perfsdk_requests",
+            "gen_ai_server_time_to_first_token_seconds",
+            "gen_ai_server_time_per_output_token_seconds",
+            "gen_ai_server_request_duration_seconds",
+            "perfsdk_inter_token_latency_seconds",
+            "perfsdk_request_queue_seconds",
+            "perfsdk_step_seconds",
+            "perfsdk_step_bandwidth_utilization",
+            "perfsdk_step_flops_utilization",
+            "perfsdk_step_bytes",
+            "perfsdk_step_flops",
+            "perfsdk_step_tokens",
+            "perfsdk_hardware_peak_bandwidth_bytes",
+            "perfsdk_hardware_peak_flops",
+            "perfsdk_dropped_records",
+            "perfsdk_dropped_spans",
+            "perfsdk_internal_errors",
+            "perfsdk_profile_gpu_busy_fraction",
+            "perfsdk_profile_communication_fraction",
+            "perfsdk_suspect_utilization",
+            "perfsdk_requests",
         }
         text = generate_latest(h.registry).decode()
         assert "vllm:" not in text
@@ -561,12 +587,15 @@ def test_the_exported_metrics_are_exactly_the_documented_table() -> None:
 
 
 def test_an_impossible_utilisation_is_counted_logged_once_with_its_peak_and_marked_suspect(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A peak far too low (a bad calibration, the wrong SKU) makes MBU/MFU exceed 1: never silently."""
     low = HardwareSpec(name="too-low", memory_bandwidth=1e9, flops={"bf16": 1e9}, source="a bad calibration")
     clock = FakeClock()
-    with caplog.at_level(logging.WARNING, logger="perfsdk"), \
-            monitor_harness(model=MODEL, hardware=low, clock=clock) as h:
+    with (
+        caplog.at_level(logging.WARNING, logger="perfsdk"),
+        monitor_harness(model=MODEL, hardware=low, clock=clock) as h,
+    ):
         mon = h.monitor
         for _ in range(3):
             with mon.decode(batch=1, context_tokens=100):
@@ -698,8 +727,9 @@ def test_prometheus_multiproc_dir(tmp_path: Any) -> None:
         print(reg.get_sample_value("gen_ai_server_time_to_first_token_seconds_count", {"model": "mp"}))
         print(reg.get_sample_value("perfsdk_hardware_peak_bandwidth_bytes", {"device": "h100-sxm"}))
     """)
-    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True,
-                         timeout=120).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True, timeout=120
+    ).stdout.split()
     assert float(out[0]) == 6.0
     assert math.isclose(float(out[1]), 3.35e12)
 
@@ -730,7 +760,8 @@ def test_untimed_steps_are_counted_but_not_timed() -> None:
         assert h.value("perfsdk_step_tokens_total", phase="decode") == 4
         # bytes only for the timed step, so bytes / step seconds (the PromQL MBU) stays exact
         assert h.value("perfsdk_step_bytes_total", phase="decode") == pytest.approx(
-            budget.decode_step_bytes(MODEL, 100, 2))
+            budget.decode_step_bytes(MODEL, 100, 2)
+        )
         assert mon.stats()["decode"]["steps"] == 2
 
 
@@ -744,9 +775,14 @@ def test_cuda_events_choice_is_validated() -> None:
         perfsdk.Monitor(registry=CollectorRegistry(), cuda_events="cupy")
 
 
-@pytest.mark.parametrize(("kw", "field"), [({"chain_gap_us": -1}, "chain_gap_us"),
-                                           ({"chain_gap_us": "10"}, "chain_gap_us"),
-                                           ({"event_pool_size": 0}, "event_pool_size")])
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"chain_gap_us": -1}, "chain_gap_us"),
+        ({"chain_gap_us": "10"}, "chain_gap_us"),
+        ({"event_pool_size": 0}, "event_pool_size"),
+    ],
+)
 def test_event_settings_are_validated(kw: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         perfsdk.Monitor(registry=CollectorRegistry(), **kw)
@@ -787,6 +823,7 @@ def test_disabled_monitor_requests_read_as_empty() -> None:
 
 def test_decorator_with_a_bad_size_value_still_runs_the_call() -> None:
     with monitor_harness() as h:
+
         @h.monitor.decode(batch=lambda x: x / 2)  # a float: not a batch size
         def step(x: int) -> int:
             return x + 1
@@ -816,8 +853,15 @@ def test_values_measured_elsewhere_go_through_the_same_metrics_and_spans() -> No
         mon.record_step("prefill", 0.05, tokens=1000, batch=2, seq_lens=[600, 400])
         mon.record_step("mixed", 0.03, batch=4, context_tokens=100, seq_lens=[256])
         mon.record_latencies(ttft_s=[0.1, 0.2], itl_s=[0.01, 0.02, 0.03])
-        mon.record_finished(e2e_s=1.5, queue_s=0.25, prefill_s=0.15, prompt_tokens=10, output_tokens=11,
-                            finish_reason="length", request_id="r1")
+        mon.record_finished(
+            e2e_s=1.5,
+            queue_s=0.25,
+            prefill_s=0.15,
+            prompt_tokens=10,
+            output_tokens=11,
+            finish_reason="length",
+            request_id="r1",
+        )
         mon.record_finished(e2e_s=0.5, tpot_s=0.04, output_tokens=5)
         assert mon.flush(5)
         assert h.count(STEP, phase="decode") == 1 and h.sum(STEP, phase="decode") == pytest.approx(0.02)
@@ -880,5 +924,6 @@ def test_prefill_mfu_counts_attention_over_the_cached_prefix() -> None:
             clock.advance(0.01)
         assert h.monitor.flush(5)
         assert h.sum(MFU, phase="prefill") == pytest.approx(
-            budget.prefill_flops(MODEL, [100], cached_tokens=1000) / (0.01 * 500e12))
+            budget.prefill_flops(MODEL, [100], cached_tokens=1000) / (0.01 * 500e12)
+        )
         assert budget.prefill_flops(MODEL, [100], cached_tokens=1000) > budget.prefill_flops(MODEL, [100])

@@ -37,11 +37,13 @@ def test_the_extension_is_built_in_ci() -> None:
 
 
 @needs_c
-@pytest.mark.parametrize(("asked", "env", "got"), [
-    (None, None, "c"), ("python", None, "python"), (None, "python", "python"), ("c", "python", "c"),
-])
-def test_hot_path_is_chosen_as_asked(asked: str | None, env: str | None, got: str,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("asked", "env", "got"),
+    [(None, None, "c"), ("python", None, "python"), (None, "python", "python"), ("c", "python", "c")],
+)
+def test_hot_path_is_chosen_as_asked(
+    asked: str | None, env: str | None, got: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if env is None:
         monkeypatch.delenv("PERFSDK_HOT_PATH", raising=False)
     else:
@@ -98,7 +100,7 @@ def test_no_reference_is_leaked_or_lost() -> None:
     with monitor_harness(hot_path="c", clock=clock) as h:
         gpu = ScriptedGpu()
         stream = 10**6 + 7  # an int object of its own (a stream handle), whose references can be counted
-        gpu.make_stream = lambda: (lambda: stream)  # type: ignore[method-assign]
+        gpu.make_stream = lambda: lambda: stream  # type: ignore[method-assign]
         pool = wire(h, gpu, capacity=64)
         mon = h.monitor
         seq_lens = [3, 4]
@@ -125,13 +127,23 @@ def test_no_reference_is_leaked_or_lost() -> None:
         run(300)  # warm: the pool reaches its working size
         assert mon.flush(5)
         gc.collect()
-        before = (sys.getrefcount(stream), sys.getrefcount(seq_lens), sys.getrefcount(mon),
-                  [sys.getrefcount(p) for p in parts], pool.in_use)
+        before = (
+            sys.getrefcount(stream),
+            sys.getrefcount(seq_lens),
+            sys.getrefcount(mon),
+            [sys.getrefcount(p) for p in parts],
+            pool.in_use,
+        )
         run(3000)
         assert mon.flush(5)
         gc.collect()
-        after = (sys.getrefcount(stream), sys.getrefcount(seq_lens), sys.getrefcount(mon),
-                 [sys.getrefcount(p) for p in parts], pool.in_use)
+        after = (
+            sys.getrefcount(stream),
+            sys.getrefcount(seq_lens),
+            sys.getrefcount(mon),
+            [sys.getrefcount(p) for p in parts],
+            pool.in_use,
+        )
         assert after == before
         assert mon.stats()["internal_errors"] == 0
 
@@ -247,6 +259,13 @@ def test_the_stub_describes_the_extension_exactly() -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert os.path.exists(os.path.join(root, "perfsdk", "_native.pyi"))  # stubtest finds nothing to check without
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-m", "mypy.stubtest", "perfsdk._native"], capture_output=True, text=True,
-                         env=env, cwd=root, timeout=240, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy.stubtest", "perfsdk._native"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=240,
+        check=False,
+    )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -9,11 +9,7 @@ import pytest
 pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry.sdk.metrics import Histogram, MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    ExponentialHistogramDataPoint,
-    HistogramDataPoint,
-    InMemoryMetricReader,
-)
+from opentelemetry.sdk.metrics.export import ExponentialHistogramDataPoint, HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
 
 from perfsdk import buckets
@@ -54,8 +50,10 @@ def _run(h: Any, clock: FakeClock) -> None:
 
 def test_exponential_histograms_from_an_sdk_view() -> None:
     reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader], views=[
-        View(instrument_type=Histogram, aggregation=ExponentialBucketHistogramAggregation())])
+    provider = MeterProvider(
+        metric_readers=[reader],
+        views=[View(instrument_type=Histogram, aggregation=ExponentialBucketHistogramAggregation())],
+    )
     clock = FakeClock()
     with monitor_harness(model=MODEL, hardware=HW, clock=clock, meter_provider=provider) as h:
         _run(h, clock)

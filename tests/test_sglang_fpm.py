@@ -23,23 +23,50 @@ HW = HardwareSpec(name="test-gpu", memory_bandwidth=4.8e12, flops={"bf16": 1e15}
 STEP = "perfsdk_step_seconds"
 
 
-def fpm(wall: float, prefill_reqs: int = 0, prefill_tokens: int = 0, prefix: int = 0, decode_reqs: int = 0,
-        decode_kv: int = 0, version: int = FPM_VERSION) -> dict[str, Any]:
-    return {"version": version, "worker_id": "w", "dp_rank": 0, "counter_id": 0, "wall_time": wall,
-            "scheduled_requests": {"num_prefill_requests": prefill_reqs, "sum_prefill_tokens": prefill_tokens,
-                                   "var_prefill_length": 0.0, "sum_prefill_kv_tokens": prefix,
-                                   "num_decode_requests": decode_reqs, "sum_decode_kv_tokens": decode_kv,
-                                   "var_decode_kv_tokens": 0.0},
-            "queued_requests": {}}
+def fpm(
+    wall: float,
+    prefill_reqs: int = 0,
+    prefill_tokens: int = 0,
+    prefix: int = 0,
+    decode_reqs: int = 0,
+    decode_kv: int = 0,
+    version: int = FPM_VERSION,
+) -> dict[str, Any]:
+    return {
+        "version": version,
+        "worker_id": "w",
+        "dp_rank": 0,
+        "counter_id": 0,
+        "wall_time": wall,
+        "scheduled_requests": {
+            "num_prefill_requests": prefill_reqs,
+            "sum_prefill_tokens": prefill_tokens,
+            "var_prefill_length": 0.0,
+            "sum_prefill_kv_tokens": prefix,
+            "num_decode_requests": decode_reqs,
+            "sum_decode_kv_tokens": decode_kv,
+            "var_decode_kv_tokens": 0.0,
+        },
+        "queued_requests": {},
+    }
 
 
 def test_each_kind_of_forward_maps_to_its_step() -> None:
     assert step_from_fpm(fpm(0.02, decode_reqs=8, decode_kv=8000)) == (
-        "decode", 0.02, {"batch": 8, "context_tokens": 8000})
+        "decode",
+        0.02,
+        {"batch": 8, "context_tokens": 8000},
+    )
     assert step_from_fpm(fpm(0.05, prefill_reqs=3, prefill_tokens=1000, prefix=64)) == (
-        "prefill", 0.05, {"batch": 3, "tokens": 1000, "context_tokens": 64, "seq_lens": [334, 333, 333]})
+        "prefill",
+        0.05,
+        {"batch": 3, "tokens": 1000, "context_tokens": 64, "seq_lens": [334, 333, 333]},
+    )
     assert step_from_fpm(fpm(0.03, prefill_reqs=1, prefill_tokens=256, prefix=10, decode_reqs=7, decode_kv=7000)) == (
-        "mixed", 0.03, {"batch": 7, "context_tokens": 7010, "seq_lens": [256]})
+        "mixed",
+        0.03,
+        {"batch": 7, "context_tokens": 7010, "seq_lens": [256]},
+    )
     assert step_from_fpm(fpm(0.0)) is None  # an idle heartbeat
     assert step_from_fpm(fpm(0.01)) is None  # GPU time but nothing scheduled
     with pytest.raises(ValueError, match="version 2"):
@@ -82,9 +109,11 @@ def test_the_subscriber_records_what_a_publisher_sends(tmp_path: Any) -> None:
         assert sub.steps == 2 and sub.lost == 3 and sub.skipped == 1
         assert h.count(STEP, phase="decode") == 1 and h.count(STEP, phase="prefill") == 1
         assert h.sum("perfsdk_step_bandwidth_utilization", phase="decode") == pytest.approx(
-            budget.decode_step_bytes(MODEL, 8000, 8) / (0.02 * 4.8e12))
+            budget.decode_step_bytes(MODEL, 8000, 8) / (0.02 * 4.8e12)
+        )
         assert h.sum("perfsdk_step_flops_utilization", phase="prefill") == pytest.approx(
-            budget.prefill_flops(MODEL, [500, 500]) / (0.05 * 1e15))
+            budget.prefill_flops(MODEL, [500, 500]) / (0.05 * 1e15)
+        )
         assert h.monitor.stats()["internal_errors"] == 0
     for pub in pubs:
         pub.close(linger=0)
@@ -115,10 +144,20 @@ def test_the_model_comes_from_a_name_or_a_config(tmp_path: Any) -> None:
     import json
 
     assert load_model("llama-3-8b") == MODEL
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
-        "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 4,
-        "vocab_size": 32000}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 512,
+                "intermediate_size": 1376,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 4,
+                "num_hidden_layers": 4,
+                "vocab_size": 32000,
+            }
+        )
+    )
     spec = load_model(str(tmp_path), tp=2)
     assert spec.tp == 2 and spec.layers == 4
 
@@ -128,7 +167,18 @@ def test_cli_duration_must_be_positive_and_finite(duration: str, capsys: pytest.
     # before: nan, 0 and -1 stopped at once with exit 0, having watched nothing
     from perfsdk.cli import main
 
-    args = ["sglang", "--fpm", "ipc:///tmp/perfsdk-test-unused", "--model", "llama-3-8b", "--hardware", "h200",
-            "--port", "0", "--duration", duration]
+    args = [
+        "sglang",
+        "--fpm",
+        "ipc:///tmp/perfsdk-test-unused",
+        "--model",
+        "llama-3-8b",
+        "--hardware",
+        "h200",
+        "--port",
+        "0",
+        "--duration",
+        duration,
+    ]
     assert main(args) == 2
     assert "--duration" in capsys.readouterr().err

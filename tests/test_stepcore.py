@@ -83,8 +83,9 @@ def c_core(c: StepCosts, span_rate: float = 0.1, capacity: int = 100_000) -> Any
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 @pytest.mark.parametrize("model", ["llama-3-8b", "no-attention-shape", "none"])
 def test_c_and_python_cores_agree_exactly(seed: int, model: str) -> None:
-    spec = {"llama-3-8b": MODEL, "no-attention-shape": ModelSpec(name="x", params=1e9, weight_bytes=2e9),
-            "none": None}[model]
+    spec = {"llama-3-8b": MODEL, "no-attention-shape": ModelSpec(name="x", params=1e9, weight_bytes=2e9), "none": None}[
+        model
+    ]
     records = random_records(random.Random(seed), 3000)
     py = run(py_core(costs(spec)), records)
     c = run(c_core(costs(spec)), records)
@@ -184,18 +185,33 @@ def scripted_run(hot_path: str, seed: int) -> tuple[Any, ...]:
     clock = FakeClock()
     gpu = ScriptedGpu(capacity=2048)
     # one export, at the flush: sums of floats added in other groupings differ in their last bits
-    with monitor_harness(model=MODEL, hardware=HW, clock=clock, hot_path=hot_path, gpu=gpu,
-                         step_span_rate=0.25, otel=False, export_interval=60) as h:
+    with monitor_harness(
+        model=MODEL,
+        hardware=HW,
+        clock=clock,
+        hot_path=hot_path,
+        gpu=gpu,
+        step_span_rate=0.25,
+        otel=False,
+        export_interval=60,
+    ) as h:
         mon = h.monitor
         for _ in range(400):
             phase = rng.choice(("decode", "decode", "prefill", "mixed"))
-            step = (mon.decode(batch=rng.randrange(1, 64), context_tokens=rng.randrange(0, 10**6))
-                    if phase == "decode" else
-                    mon.prefill(seq_lens=[rng.randrange(1, 4096) for _ in range(rng.randrange(1, 5))],
-                                cached_tokens=rng.randrange(0, 10_000))
-                    if phase == "prefill" else
-                    mon.mixed(prefill_seq_lens=[rng.randrange(1, 512)], decode_batch=rng.randrange(1, 32),
-                              context_tokens=rng.randrange(0, 10**5)))
+            step = (
+                mon.decode(batch=rng.randrange(1, 64), context_tokens=rng.randrange(0, 10**6))
+                if phase == "decode"
+                else mon.prefill(
+                    seq_lens=[rng.randrange(1, 4096) for _ in range(rng.randrange(1, 5))],
+                    cached_tokens=rng.randrange(0, 10_000),
+                )
+                if phase == "prefill"
+                else mon.mixed(
+                    prefill_seq_lens=[rng.randrange(1, 512)],
+                    decode_batch=rng.randrange(1, 32),
+                    context_tokens=rng.randrange(0, 10**5),
+                )
+            )
             try:
                 with step:
                     gpu.now_ms += rng.choice((0.125, 1.5, 7.25, 33.0))
@@ -294,9 +310,20 @@ def test_the_c_core_reads_a_pushed_record_by_field_name() -> None:
 @needs_c
 def test_the_c_core_allocates_the_capacities_it_is_given() -> None:
     """The buffers' capacities are given to the C core (perfsdk.records defines them once); none is built in."""
-    kw: dict[str, Any] = {"costs": costs(), "capacity": 100, "span_rate": 1.0, "poll_interval": 0.001,
-                          "events": None, "event_capacity": 0, "event_prefill": 0, "new_event": None,
-                          "destroy_event": None, "step_bounds": STEP, "util_bounds": UTIL, "idle_max": 0.1}
+    kw: dict[str, Any] = {
+        "costs": costs(),
+        "capacity": 100,
+        "span_rate": 1.0,
+        "poll_interval": 0.001,
+        "events": None,
+        "event_capacity": 0,
+        "event_prefill": 0,
+        "new_event": None,
+        "destroy_event": None,
+        "step_bounds": STEP,
+        "util_bounds": UTIL,
+        "idle_max": 0.1,
+    }
     with pytest.raises(TypeError):
         native.StepCore(**kw)  # no capacities: refused, not defaulted
     with pytest.raises(ValueError, match="recent"):
@@ -332,16 +359,24 @@ def test_the_named_formulas_are_the_budget_ones_and_the_cores() -> None:
             assert c.decode_bytes(batch, ctx) == budget.decode_step_bytes(spec, ctx if c.kv else 0, batch)
             assert c.decode_flops(batch, ctx) == budget.decode_flops(spec, batch, ctx)
             assert c.prefill_bytes(s, ctx) == budget.prefill_step_bytes(spec, lens, ctx)
-            assert c.prefill_flops(s, sq, n, ctx) == budget.prefill_flops(spec, lens, attention=c.kv,
-                                                                         cached_tokens=ctx)
+            assert c.prefill_flops(s, sq, n, ctx) == budget.prefill_flops(spec, lens, attention=c.kv, cached_tokens=ctx)
             if c.kv:
                 assert c.attention_flops(s, sq, n, ctx) == budget.attention_flops(spec, lens, ctx)
             assert c.mixed_bytes(batch, ctx, s) == budget.mixed_step_bytes(spec, lens, ctx, batch)
             assert c.mixed_flops(batch, ctx, s, sq, n) == budget.mixed_step_flops(spec, lens, batch, ctx)
-            assert c.cost(DECODE, batch, ctx, 0, 0, 0) == (c.decode_bytes(batch, ctx), c.decode_flops(batch, ctx),
-                                                           batch)
-            assert c.cost(PREFILL, len(lens), ctx, s, sq, n) == (c.prefill_bytes(s, ctx),
-                                                                 c.prefill_flops(s, sq, n, ctx), s)
-            assert c.cost(MIXED, batch, ctx, s, sq, n) == (c.mixed_bytes(batch, ctx, s),
-                                                           c.mixed_flops(batch, ctx, s, sq, n), s + batch)
+            assert c.cost(DECODE, batch, ctx, 0, 0, 0) == (
+                c.decode_bytes(batch, ctx),
+                c.decode_flops(batch, ctx),
+                batch,
+            )
+            assert c.cost(PREFILL, len(lens), ctx, s, sq, n) == (
+                c.prefill_bytes(s, ctx),
+                c.prefill_flops(s, sq, n, ctx),
+                s,
+            )
+            assert c.cost(MIXED, batch, ctx, s, sq, n) == (
+                c.mixed_bytes(batch, ctx, s),
+                c.mixed_flops(batch, ctx, s, sq, n),
+                s + batch,
+            )
         assert budget.mbu(1e9, 0.01, 2e12) == utilization(1e9, 0.01, 2e12) == 1e9 / (0.01 * 2e12)

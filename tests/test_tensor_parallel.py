@@ -37,8 +37,9 @@ pytest.importorskip("torch")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None,
-                       reason="the prometheus binary is not installed (apt install prometheus)"),
+    pytest.mark.skipif(
+        PROMETHEUS is None or PROMTOOL is None, reason="the prometheus binary is not installed (apt install prometheus)"
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,8 +104,11 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def _one(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
@@ -117,18 +121,42 @@ def _one(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: st
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     d = tmp_path_factory.mktemp("tp")
     # no RANK/WORLD_SIZE/LOCAL_RANK: the Monitor must find its rank through the initialised process group
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                          "MASTER_PORT", "PROMETHEUS_MULTIPROC_DIR")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PROMETHEUS_MULTIPROC_DIR")
+    }
     init = f"tcp://127.0.0.1:{free_port()}"
     procs: dict[int, subprocess.Popen[bytes]] = {}
     try:
         for r in (0, 1):
             with (d / f"rank{r}.log").open("wb") as log:
                 procs[r] = subprocess.Popen(
-                    [sys.executable, str(WORKER), "--rank", str(r), "--world", "2", "--init", init, "--dir", str(d),
-                     "--steps", str(STEPS), "--straggler", str(STRAGGLER), "--profile-at", str(PROFILE_AT),
-                     "--profile-steps", str(PROFILE_STEPS)],
-                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                    [
+                        sys.executable,
+                        str(WORKER),
+                        "--rank",
+                        str(r),
+                        "--world",
+                        "2",
+                        "--init",
+                        init,
+                        "--dir",
+                        str(d),
+                        "--steps",
+                        str(STEPS),
+                        "--straggler",
+                        str(STRAGGLER),
+                        "--profile-at",
+                        str(PROFILE_AT),
+                        "--profile-steps",
+                        str(PROFILE_STEPS),
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                )
 
         def ports() -> dict[int, int] | None:
             for r, p in procs.items():
@@ -137,17 +165,25 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             return {r: int(f.read_text()) for r, f in enumerate(files)} if all(f.exists() for f in files) else None
 
         port = _eventually("both ranks serving /metrics", ports, timeout=180)
-        with running_prometheus(d, job="tp", targets=[f"127.0.0.1:{port[r]}" for r in (0, 1)],
-                                rule_files=[RULES]) as prom:
+        with running_prometheus(
+            d, job="tp", targets=[f"127.0.0.1:{port[r]}" for r in (0, 1)], rule_files=[RULES]
+        ) as prom:
             r = Run(d, prom.url, port, procs)
             # the ranks step only once Prometheus holds their zeros: rates then cover every step exactly
-            _eventually("a first scrape of both ranks", lambda: len(_by_rank(
-                prom.url, 'perfsdk_step_seconds_count{job="tp", phase="decode"} == 0')) == 2)
+            _eventually(
+                "a first scrape of both ranks",
+                lambda: len(_by_rank(prom.url, 'perfsdk_step_seconds_count{job="tp", phase="decode"} == 0')) == 2,
+            )
             (d / "go").write_text("go")
             for rank in (0, 1):
                 done = d / f"done{rank}.json"
-                _eventually(f"rank {rank} done", lambda done=done, rank=rank: done.exists() or (
-                    procs[rank].poll() is not None and pytest.fail(r.log(rank))), timeout=240)
+                _eventually(
+                    f"rank {rank} done",
+                    lambda done=done, rank=rank: (
+                        done.exists() or (procs[rank].poll() is not None and pytest.fail(r.log(rank)))
+                    ),
+                    timeout=240,
+                )
                 r.done[rank] = json.loads(done.read_text())
             yield r
     finally:
@@ -164,8 +200,14 @@ def test_each_rank_is_labelled_and_counted_exactly_from_a_real_scrape(run: Run) 
     for rank in (0, 1):
         assert run.done[rank]["decode_steps"] == STEPS, run.log(rank)
     # the final scrape: exactly STEPS decode steps per rank, each series with its rank label
-    counts = _eventually("the final counts", lambda: (c := _by_rank(
-        run.prom, 'perfsdk_step_seconds_count{job="tp", phase="decode"}')) == {"0": STEPS, "1": STEPS} and c)
+    counts = _eventually(
+        "the final counts",
+        lambda: (
+            (c := _by_rank(run.prom, 'perfsdk_step_seconds_count{job="tp", phase="decode"}'))
+            == {"0": STEPS, "1": STEPS}
+            and c
+        ),
+    )
     assert counts == {"0": float(STEPS), "1": float(STEPS)}
     from tp_worker import BATCH, CONFIG, CONTEXT
 
@@ -174,9 +216,13 @@ def test_each_rank_is_labelled_and_counted_exactly_from_a_real_scrape(run: Run) 
 
     per_step = decode_step_bytes(ModelSpec.from_hf_config(CONFIG).with_tp(2), CONTEXT, BATCH)
     assert _by_rank(run.prom, 'perfsdk_step_tokens_total{job="tp", phase="decode"}') == {
-        "0": STEPS * BATCH, "1": STEPS * BATCH}
+        "0": STEPS * BATCH,
+        "1": STEPS * BATCH,
+    }
     assert _by_rank(run.prom, 'perfsdk_step_bytes_total{job="tp", phase="decode"}') == {
-        "0": STEPS * per_step, "1": STEPS * per_step}
+        "0": STEPS * per_step,
+        "1": STEPS * per_step,
+    }
     # which rank is on which port: the label agrees with the process that served it
     for rank in (0, 1):
         up = _result(run.prom, f'perfsdk_step_seconds_count{{instance="{run.instance(rank)}", phase="decode"}}')
@@ -187,9 +233,11 @@ def test_per_rank_and_fleet_mbu_rules_agree_with_the_ranks_own_counters(run: Run
     own: dict[str, tuple[float, float, float]] = {}
     for rank in (0, 1):
         s = _scrape(run.ports[rank])
-        own[str(rank)] = (_one(s, "perfsdk_step_bytes_total", phase="decode"),
-                          _one(s, "perfsdk_step_seconds_sum", phase="decode"),
-                          _one(s, "perfsdk_hardware_peak_bandwidth_bytes"))
+        own[str(rank)] = (
+            _one(s, "perfsdk_step_bytes_total", phase="decode"),
+            _one(s, "perfsdk_step_seconds_sum", phase="decode"),
+            _one(s, "perfsdk_hardware_peak_bandwidth_bytes"),
+        )
     expected = {r: b / sec / peak for r, (b, sec, peak) in own.items()}
 
     def per_rank() -> dict[str, float] | None:
@@ -204,8 +252,9 @@ def test_per_rank_and_fleet_mbu_rules_agree_with_the_ranks_own_counters(run: Run
     # its own scrape times, so the fleet ratio of two targets is exact only up to that (~1e-3 here).
     fleet = _result(run.prom, 'perfsdk:decode_mbu:fleet_ratio_rate5m{job="tp"}')
     exact = sum(b for b, _, _ in own.values()) / sum(sec * peak for _, sec, peak in own.values())
-    assert [s["metric"] for s in fleet] == [{"__name__": "perfsdk:decode_mbu:fleet_ratio_rate5m", "job": "tp",
-                                             "model": "tp-test"}]
+    assert [s["metric"] for s in fleet] == [
+        {"__name__": "perfsdk:decode_mbu:fleet_ratio_rate5m", "job": "tp", "model": "tp-test"}
+    ]
     assert float(fleet[0]["value"][1]) == pytest.approx(exact, rel=1e-2)
     # the dashboard's per-rank MBU panel query gives the same per-rank values
     promql = _panel_query("Decode MBU by rank", "A").replace("$__rate_interval", "5m")
@@ -214,7 +263,8 @@ def test_per_rank_and_fleet_mbu_rules_agree_with_the_ranks_own_counters(run: Run
 
 
 def test_the_same_steps_are_captured_on_both_ranks_and_analyze_names_the_straggler(
-        run: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    run: Run, capsys: pytest.CaptureFixture[str]
+) -> None:
     from perfsdk.cli import main
     from perfsdk.profiling.ranks import analyze_ranks
 
@@ -240,13 +290,17 @@ def test_the_same_steps_are_captured_on_both_ranks_and_analyze_names_the_straggl
 def test_prometheus_names_the_straggler_from_the_ranks_profiles(run: Run) -> None:
     shares = _by_rank(run.prom, 'perfsdk_profile_communication_fraction{job="tp"}')
     assert set(shares) == {"0", "1"} and shares["0"] > shares["1"]
-    wait = _eventually("the collective-wait rule", lambda: _by_rank(
-        run.prom, 'perfsdk:profile_collective_wait:share{job="tp"}'))
+    wait = _eventually(
+        "the collective-wait rule", lambda: _by_rank(run.prom, 'perfsdk:profile_collective_wait:share{job="tp"}')
+    )
     assert wait["1"] == 0 and wait["0"] == pytest.approx(shares["0"] - shares["1"])
-    alerts = _eventually("PerfsdkStraggler firing", lambda: _result(
-        run.prom, 'ALERTS{alertname="PerfsdkStraggler", alertstate="firing"}'))
+    alerts = _eventually(
+        "PerfsdkStraggler firing",
+        lambda: _result(run.prom, 'ALERTS{alertname="PerfsdkStraggler", alertstate="firing"}'),
+    )
     assert [(a["metric"]["rank"], a["metric"]["instance"]) for a in alerts] == [
-        (str(STRAGGLER), run.instance(STRAGGLER))]
+        (str(STRAGGLER), run.instance(STRAGGLER))
+    ]
 
 
 def test_a_rank_that_stops_is_visible(run: Run) -> None:
@@ -254,8 +308,9 @@ def test_a_rank_that_stops_is_visible(run: Run) -> None:
     assert _result(run.prom, 'ALERTS{alertname="PerfsdkRankDown"}') == []
     (run.dir / "stop1").write_text("stop")
     run.procs[1].wait(60)
-    down = _eventually("PerfsdkRankDown for the stopped rank", lambda: _result(
-        run.prom, 'ALERTS{alertname="PerfsdkRankDown"}'))
+    down = _eventually(
+        "PerfsdkRankDown for the stopped rank", lambda: _result(run.prom, 'ALERTS{alertname="PerfsdkRankDown"}')
+    )
     assert [(a["metric"]["instance"], a["metric"]["alertstate"]) for a in down] == [(run.instance(1), "pending")]
     panel = {r["metric"]["instance"]: r["value"][1] for r in _result(run.prom, _panel_query("perfsdk targets up", "A"))}
     assert panel == {run.instance(0): "1", run.instance(1): "0"}
@@ -267,12 +322,37 @@ def test_the_tensor_parallel_benchmark_runs_end_to_end_on_cpu_under_torchrun(tmp
     out = tmp_path / "tp.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(ROOT / "benchmarks" / "tensor_parallel.py"), "--device", "cpu", "--out", str(out),
-         "--steps", "6", "--warmup", "2", "--batches", "1,2", "--profile-steps", "2",
-         # extra work of two healthy steps on rank 1: the other waits about two thirds of each step
-         "--straggler-fraction", "2.0"],
-        capture_output=True, text=True, timeout=400, check=False, env=env, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(ROOT / "benchmarks" / "tensor_parallel.py"),
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--steps",
+            "6",
+            "--warmup",
+            "2",
+            "--batches",
+            "1,2",
+            "--profile-steps",
+            "2",
+            # extra work of two healthy steps on rank 1: the other waits about two thirds of each step
+            "--straggler-fraction",
+            "2.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["world_size"] == 2 and [e["rank"] for e in res["environment"]] == [0, 1]
@@ -311,20 +391,23 @@ def test_perfsdk_metrics_port_gives_each_local_rank_its_own_port() -> None:
     """torchrun starts every rank with the same environment: PERFSDK_METRICS_PORT is the base, LOCAL_RANK
     the offset, so the ranks of a host do not fight over one port."""
     base = free_ports(2)
-    code = ("import perfsdk; m = perfsdk.Monitor(hardware=None, otel=False, nvtx=False); "
-            "print(m.serve_metrics().port); m.close()")
+    code = (
+        "import perfsdk; m = perfsdk.Monitor(hardware=None, otel=False, nvtx=False); "
+        "print(m.serve_metrics().port); m.close()"
+    )
     got = []
     for local in ("0", "1"):
-        env = {**os.environ, "PERFSDK_METRICS_PORT": str(base), "LOCAL_RANK": local, "WORLD_SIZE": "2",
-               "RANK": local}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                             check=False)
+        env = {**os.environ, "PERFSDK_METRICS_PORT": str(base), "LOCAL_RANK": local, "WORLD_SIZE": "2", "RANK": local}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
         assert out.returncode == 0, out.stderr
         got.append(int(out.stdout.split()[0]))
     assert got == [base, base + 1]
     env = {**os.environ, "PERFSDK_METRICS_PORT": "ninety", "LOCAL_RANK": "1"}
-    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                         check=False)
+    bad = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert bad.returncode != 0
     assert "PERFSDK_METRICS_PORT (environment): expected an integer" in bad.stderr and "'ninety'" in bad.stderr
 
@@ -335,22 +418,27 @@ def test_with_a_multiprocess_directory_a_dead_rank_is_silent(tmp_path: Path) -> 
     served with its last values -- nothing tells Prometheus it is gone."""
     mp = tmp_path / "mp"
     mp.mkdir()
-    worker = ("import perfsdk\n"
-              "mon = perfsdk.Monitor(hardware=None, otel=False, nvtx=False, model_name='tp', timing='host')\n"
-              "for _ in range(STEPS):\n"
-              "    with mon.decode(batch=1, context_tokens=8):\n"
-              "        pass\n"
-              "mon.close()\n")
+    worker = (
+        "import perfsdk\n"
+        "mon = perfsdk.Monitor(hardware=None, otel=False, nvtx=False, model_name='tp', timing='host')\n"
+        "for _ in range(STEPS):\n"
+        "    with mon.decode(batch=1, context_tokens=8):\n"
+        "        pass\n"
+        "mon.close()\n"
+    )
     for rank, steps in ((0, 5), (1, 3)):
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mp), "WORLD_SIZE": "2", "RANK": str(rank)}
         subprocess.run([sys.executable, "-c", worker.replace("STEPS", str(steps))], env=env, check=True, timeout=120)
-    read = ("from perfsdk.sinks.prometheus import multiprocess_registry\n"
-            "reg = multiprocess_registry()\n"
-            "for r in ('0', '1'):\n"
-            "    print(reg.get_sample_value('perfsdk_step_seconds_count', {'model': 'tp', 'phase': 'decode', "
-            "'rank': r}))\n")
+    read = (
+        "from perfsdk.sinks.prometheus import multiprocess_registry\n"
+        "reg = multiprocess_registry()\n"
+        "for r in ('0', '1'):\n"
+        "    print(reg.get_sample_value('perfsdk_step_seconds_count', {'model': 'tp', 'phase': 'decode', "
+        "'rank': r}))\n"
+    )
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(mp)}
-    out = subprocess.run([sys.executable, "-c", read], env=env, capture_output=True, text=True, timeout=120,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", read], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout.split()
     # both processes have exited, yet both ranks' counts are still served, as if alive
     assert [float(v) for v in out] == [5.0, 3.0]

@@ -64,19 +64,36 @@ def test_the_real_traces_stream_to_the_same_events(path: Path, parser: te.Parser
 
 
 def _kernel(i: int, name: str = "void gemv_kernel", **extra: Any) -> dict[str, Any]:
-    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": 10.0 * i, "dur": 4.0,
-            "args": {"correlation": i, "stream": 7, **extra}}
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": 7,
+        "ts": 10.0 * i,
+        "dur": 4.0,
+        "args": {"correlation": i, "stream": 7, **extra},
+    }
 
 
 def _launch(i: int) -> dict[str, Any]:
-    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
-            "ts": 10.0 * i - 3, "dur": 2.0, "args": {"correlation": i}}
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "pid": 1,
+        "tid": 1,
+        "ts": 10.0 * i - 3,
+        "dur": 2.0,
+        "args": {"correlation": i},
+    }
 
 
 def _awkward_events() -> list[dict[str, Any]]:
     """Valid events whose text holds the byte patterns the reader cuts at."""
-    events: list[dict[str, Any]] = [{"ph": "X", "cat": "user_annotation", "name": "perfsdk.decode", "pid": 1,
-                                     "tid": 1, "ts": 0.0, "dur": 500.0}]
+    events: list[dict[str, Any]] = [
+        {"ph": "X", "cat": "user_annotation", "name": "perfsdk.decode", "pid": 1, "tid": 1, "ts": 0.0, "dur": 500.0}
+    ]
     for i in range(1, 40):
         events.append(_launch(i))
         if i % 5 == 0:
@@ -88,13 +105,32 @@ def _awkward_events() -> list[dict[str, Any]]:
         else:
             events.append(_kernel(i))
     events.append({"ph": "f", "cat": "ac2g", "id": 99, "pid": 0, "tid": 7, "ts": 400.0})
-    events.append({"ph": "X", "cat": "kernel", "name": "no correlation", "pid": 0, "tid": 7, "ts": 400.0,
-                   "dur": 1.0})
-    events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
-                   "ts": 398.0, "dur": 1.0, "args": {"correlation": 99}})
+    events.append({"ph": "X", "cat": "kernel", "name": "no correlation", "pid": 0, "tid": 7, "ts": 400.0, "dur": 1.0})
+    events.append(
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": 398.0,
+            "dur": 1.0,
+            "args": {"correlation": 99},
+        }
+    )
     events += [5, "text", None, [1, 2]]  # not events: skipped as before
-    events.append({"ph": "X", "cat": "kernel", "name": "args not an object", "pid": 0, "tid": 7, "ts": 450.0,
-                   "dur": 1.0, "args": [1, 2]})
+    events.append(
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "args not an object",
+            "pid": 0,
+            "tid": 7,
+            "ts": 450.0,
+            "dur": 1.0,
+            "args": [1, 2],
+        }
+    )
     return events
 
 
@@ -103,20 +139,24 @@ LAYOUTS: dict[str, str] = {
     "minified": json.dumps({"traceEvents": _awkward_events()}, separators=(",", ":")),
     "bare array": json.dumps(_awkward_events()),
     # the key's text inside a string before the real key, and arrays of objects after the events
-    "decoy key": json.dumps({"note": '"traceEvents": [ {"ph": "X"} ]', "traceEvents": _awkward_events(),
-                             "after": [{"x": 1}, {"y": [2]}]}),
+    "decoy key": json.dumps(
+        {"note": '"traceEvents": [ {"ph": "X"} ]', "traceEvents": _awkward_events(), "after": [{"x": 1}, {"y": [2]}]}
+    ),
     # two traceEvents keys: JSON parsers keep the last one
-    "duplicate key": '{"traceEvents": [' + json.dumps(_kernel(1)) + '], "traceEvents": '
-                     + json.dumps(_awkward_events()) + "}",
-    "empty-looking gaps": '{"traceEvents" :\n [\n\n' + ",\n\n".join(json.dumps(e) for e in _awkward_events())
-                          + "\n\n ]\n}",
+    "duplicate key": '{"traceEvents": ['
+    + json.dumps(_kernel(1))
+    + '], "traceEvents": '
+    + json.dumps(_awkward_events())
+    + "}",
+    "empty-looking gaps": '{"traceEvents" :\n [\n\n'
+    + ",\n\n".join(json.dumps(e) for e in _awkward_events())
+    + "\n\n ]\n}",
 }
 
 
 @pytest.mark.parametrize("parser", PARSERS)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_every_layout_streams_to_the_same_events(tmp_path: Path, layout: str, parser: te.Parser,
-                                                 pieces: None) -> None:
+def test_every_layout_streams_to_the_same_events(tmp_path: Path, layout: str, parser: te.Parser, pieces: None) -> None:
     path = tmp_path / "t.json"
     path.write_text(LAYOUTS[layout])
     streamed = load_trace(path, parser=parser)
@@ -153,8 +193,9 @@ def _write(tmp_path: Path, text: str) -> Path:
     ids=["document", "element", "inside an event"],
 )
 @pytest.mark.parametrize("parser", PARSERS)
-def test_deep_nesting_is_a_clear_error(tmp_path: Path, text: str, parser: te.Parser,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_deep_nesting_is_a_clear_error(
+    tmp_path: Path, text: str, parser: te.Parser, capsys: pytest.CaptureFixture[str]
+) -> None:
     # before: a RecursionError traceback from json.loads
     path = _write(tmp_path, text)
     with pytest.raises(ConfigError, match="nested too deeply"):
@@ -165,8 +206,13 @@ def test_deep_nesting_is_a_clear_error(tmp_path: Path, text: str, parser: te.Par
 
 @pytest.mark.parametrize(
     "text",
-    ["[1, 2, 3]", '{"traceEvents": []}', "[]", '{"traceEvents": [{"ph": "M", "name": "process_name"}]}',
-     '[{"ph": "X", "cat": "kernel", "name": "k"}]'],  # no ts: not a timed event
+    [
+        "[1, 2, 3]",
+        '{"traceEvents": []}',
+        "[]",
+        '{"traceEvents": [{"ph": "M", "name": "process_name"}]}',
+        '[{"ph": "X", "cat": "kernel", "name": "k"}]',
+    ],  # no ts: not a timed event
 )
 def test_a_document_without_timed_events_is_not_a_trace_with_steps(
     tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]
@@ -192,8 +238,7 @@ def test_a_document_without_timed_events_is_not_a_trace_with_steps(
     ids=["truncated", "bad element", "trailing text", "not a list", "trailing comma"],
 )
 @pytest.mark.parametrize("parser", PARSERS)
-def test_broken_documents_are_refused_as_before(tmp_path: Path, text: str, parser: te.Parser,
-                                                pieces: None) -> None:
+def test_broken_documents_are_refused_as_before(tmp_path: Path, text: str, parser: te.Parser, pieces: None) -> None:
     path = _write(tmp_path, text)
     with pytest.raises(ConfigError, match=r"trace: .* (is not a JSON chrome trace|has no 'traceEvents' list)"):
         load_trace(path, parser=parser)
@@ -263,8 +308,9 @@ def test_without_msgspec_the_standard_library_gives_the_same_diagnosis(path: Pat
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", _WITHOUT_MSGSPEC, str(path)], capture_output=True, text=True,
-                          timeout=120, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_MSGSPEC, str(path)], capture_output=True, text=True, timeout=120, check=True
+    )
     assert json.loads(proc.stdout) == analyze_trace(path).to_dict()
 
 
@@ -364,9 +410,20 @@ def test_the_limit_is_on_decompressed_bytes_and_configurable(tmp_path: Path) -> 
 
 @pytest.mark.parametrize(
     ("flag", "ok"),
-    [("8GiB", True), ("500MB", True), ("1.5G", True), ("1048576", True), (" 20 kib ", True),
-     ("nan", False), ("inf", False), ("-1", False), ("0", False), ("1e400", False), ("12 parsecs", False),
-     ("", False)],
+    [
+        ("8GiB", True),
+        ("500MB", True),
+        ("1.5G", True),
+        ("1048576", True),
+        (" 20 kib ", True),
+        ("nan", False),
+        ("inf", False),
+        ("-1", False),
+        ("0", False),
+        ("1e400", False),
+        ("12 parsecs", False),
+        ("", False),
+    ],
 )
 def test_max_size_flag(tmp_path: Path, flag: str, ok: bool, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "t.json"
@@ -388,19 +445,22 @@ SHAPES: dict[str, Any] = {
     "whitespace after a brace": lambda n: _HEAD + _TWO + b" " * n + b"," + _K3 + b"]}",
     "whitespace after the array": lambda n: _HEAD + _TWO + b"]" + b"\t" * n + b"}",
     "one long string": lambda n: _HEAD + _TWO + b', {"ph": "i", "name": "' + b"a" * n + b'"}]}',
-    "cut patterns in a string": lambda n: _HEAD + _TWO + b', {"ph": "i", "name": "'
-    + b'}, {\\"x\\": 1}] ' * (n // 15) + b'"}, ' + _K3 + b"]}",
+    "cut patterns in a string": lambda n: (
+        _HEAD + _TWO + b', {"ph": "i", "name": "' + b'}, {\\"x\\": 1}] ' * (n // 15) + b'"}, ' + _K3 + b"]}"
+    ),
     "a string ending the array": lambda n: _HEAD + _TWO + b', {"ph": "i", "name": "' + b"}]" * (n // 2) + b'"}]}',
-    "nested objects": lambda n: _HEAD + _TWO + b', {"ph": "i", "args": {' + b'"k": {"a": 1}, ' * (n // 16)
-    + b'"z": 0}}, ' + _K3 + b"]}",
+    "nested objects": lambda n: (
+        _HEAD + _TWO + b', {"ph": "i", "args": {' + b'"k": {"a": 1}, ' * (n // 16) + b'"z": 0}}, ' + _K3 + b"]}"
+    ),
     "a long string before the array": lambda n: b'{"note": "' + b"a" * n + b'", ' + _HEAD[1:] + _TWO + b"]}",
 }
 
 
 @pytest.mark.parametrize("parser", PARSERS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_reading_work_grows_linearly_with_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   shape: str, parser: te.Parser) -> None:
+def test_reading_work_grows_linearly_with_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str, parser: te.Parser
+) -> None:
     # The reader's work counted (bytes scanned for boundaries, whitespace and string ends; bytes given
     # to the parser, failed tries included) on files 1, 2 and 4 MiB long, with reads and pieces made
     # small (64 and 32 KiB) so that a few MiB show what hundreds do with the default sizes: it stays
@@ -431,9 +491,13 @@ def test_whitespace_is_dropped_as_it_is_passed(tmp_path: Path, monkeypatch: pyte
     n = 16 * 2**20
     path = tmp_path / "padded.json"
     body = _HEAD + _TWO + b"]}"
-    path.write_bytes({"before the document": b" " * n + body,
-                      "between events": _HEAD + _TWO + b"," + b" " * n + _K3 + b"]}",
-                      "after the array": _HEAD + _TWO + b"]" + b" " * n + b"}"}[place])
+    path.write_bytes(
+        {
+            "before the document": b" " * n + body,
+            "between events": _HEAD + _TWO + b"," + b" " * n + _K3 + b"]}",
+            "after the array": _HEAD + _TWO + b"]" + b" " * n + b"}",
+        }[place]
+    )
     tracemalloc.start()
     try:
         trace = load_trace(path)
@@ -456,8 +520,9 @@ def _long_int() -> str:
 
 @pytest.mark.parametrize("parser", PARSERS)
 @pytest.mark.parametrize("where", ["ts", "args", "after the array", "before the array", "bare array"])
-def test_a_number_past_pythons_int_limit_is_a_clear_error(tmp_path: Path, where: str, parser: te.Parser,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_number_past_pythons_int_limit_is_a_clear_error(
+    tmp_path: Path, where: str, parser: te.Parser, capsys: pytest.CaptureFixture[str]
+) -> None:
     # before: ValueError traceback ("Exceeds the limit (4300 digits) for integer string conversion")
     big = _long_int()
     k1, k2 = json.dumps(_kernel(1)), json.dumps(_kernel(2))
@@ -480,12 +545,16 @@ def test_a_number_past_pythons_int_limit_is_a_clear_error(tmp_path: Path, where:
 
 @pytest.mark.parametrize("parser", PARSERS)
 @pytest.mark.parametrize("where", ["in an event", "before the array"])
-def test_bytes_that_are_not_utf8_are_a_clear_error(tmp_path: Path, where: str, parser: te.Parser,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_bytes_that_are_not_utf8_are_a_clear_error(
+    tmp_path: Path, where: str, parser: te.Parser, capsys: pytest.CaptureFixture[str]
+) -> None:
     # before: UnicodeDecodeError traceback from the streamed pieces
     k1 = json.dumps(_kernel(1)).encode()
-    raw = (_HEAD + k1 + b', {"ph": "X", "name": "k\xff", "ts": 1}]}' if where == "in an event"
-           else b'{"n": "\xff", ' + _HEAD[1:] + k1 + b"]}")
+    raw = (
+        _HEAD + k1 + b', {"ph": "X", "name": "k\xff", "ts": 1}]}'
+        if where == "in an event"
+        else b'{"n": "\xff", ' + _HEAD[1:] + k1 + b"]}"
+    )
     path = tmp_path / "t.json"
     path.write_bytes(raw)
     at = raw.index(b"\xff")
@@ -499,8 +568,14 @@ def test_bytes_that_are_not_utf8_are_a_clear_error(tmp_path: Path, where: str, p
 def test_odd_numbers_the_parsers_differ_on_read_the_same(tmp_path: Path, parser: te.Parser) -> None:
     # msgspec refuses NaN, Infinity, 1e999 and integers past 64 bits; json takes them: the reader
     # gives the same events either way (non-finite times skipped, big ids kept)
-    events = [_kernel(1), {**_kernel(2), "ts": "__NAN__"}, {**_kernel(3), "dur": "__NINF__"},
-              {**_kernel(4), "ts": "__HUGE__"}, _kernel(5, extra=2**70), {**_kernel(6), "args": {"correlation": 2**70}}]
+    events = [
+        _kernel(1),
+        {**_kernel(2), "ts": "__NAN__"},
+        {**_kernel(3), "dur": "__NINF__"},
+        {**_kernel(4), "ts": "__HUGE__"},
+        _kernel(5, extra=2**70),
+        {**_kernel(6), "args": {"correlation": 2**70}},
+    ]
     text = json.dumps({"traceEvents": events})
     for token, literal in (("__NAN__", "NaN"), ("__NINF__", "-Infinity"), ("__HUGE__", "1e999")):
         text = text.replace(f'"{token}"', literal)
@@ -517,17 +592,24 @@ def test_deep_nesting_in_the_events_says_where(tmp_path: Path, parser: te.Parser
 
 # Any document, cut anywhere: the stream gives the events the whole parse gives, or both refuse it.
 _SPACES = st.text(alphabet=" \t\r\n", max_size=3)
-_AWKWARD = st.sampled_from(['k', 'odd}, {"name": "x"}] n', "}}]],,{{", 'a"b\\c', "\u00e9}]", '\\"}, ', "x" * 40])
+_AWKWARD = st.sampled_from(["k", 'odd}, {"name": "x"}] n', "}}]],,{{", 'a"b\\c', "\u00e9}]", '\\"}, ', "x" * 40])
 _VALUES = st.recursive(
     st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.none(), st.booleans(), _AWKWARD),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["a", "b}", "c]"]), inner, max_size=3),
     max_leaves=6,
 )
 _EVENT = st.fixed_dictionaries(
-    {"ph": st.just("X"), "cat": st.sampled_from(["kernel", "cuda_runtime", "cpu_op", "other"]), "name": _AWKWARD,
-     "ts": st.floats(0, 1e6), "dur": st.floats(0, 10)},
-    optional={"args": st.dictionaries(st.sampled_from(["correlation", "stream", "shapes", "x"]), _VALUES,
-                                      max_size=3), "extra": _VALUES},
+    {
+        "ph": st.just("X"),
+        "cat": st.sampled_from(["kernel", "cuda_runtime", "cpu_op", "other"]),
+        "name": _AWKWARD,
+        "ts": st.floats(0, 1e6),
+        "dur": st.floats(0, 10),
+    },
+    optional={
+        "args": st.dictionaries(st.sampled_from(["correlation", "stream", "shapes", "x"]), _VALUES, max_size=3),
+        "extra": _VALUES,
+    },
 )
 
 
@@ -543,13 +625,23 @@ def _spaced(value: Any, space: st.DataObject) -> str:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(events=st.lists(_EVENT, max_size=12), form=st.sampled_from(["kineto", "bare", "tail"]),
-       cut=st.sampled_from([None, "truncate", "insert", "delete"]), where=st.floats(0, 1),
-       sizes=st.tuples(st.sampled_from([1, 7, 64, 4 * 2**20]), st.sampled_from([1, 5, 97, 8 * 2**20])),
-       data=st.data())
+@given(
+    events=st.lists(_EVENT, max_size=12),
+    form=st.sampled_from(["kineto", "bare", "tail"]),
+    cut=st.sampled_from([None, "truncate", "insert", "delete"]),
+    where=st.floats(0, 1),
+    sizes=st.tuples(st.sampled_from([1, 7, 64, 4 * 2**20]), st.sampled_from([1, 5, 97, 8 * 2**20])),
+    data=st.data(),
+)
 def test_any_document_streams_to_what_the_whole_parse_gives(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: list[dict[str, Any]], form: str, cut: str | None,
-    where: float, sizes: tuple[int, int], data: st.DataObject,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    events: list[dict[str, Any]],
+    form: str,
+    cut: str | None,
+    where: float,
+    sizes: tuple[int, int],
+    data: st.DataObject,
 ) -> None:
     monkeypatch.setattr(te, "_PIECE", sizes[0])
     monkeypatch.setattr(te, "_READ", sizes[1])
@@ -563,7 +655,7 @@ def test_any_document_streams_to_what_the_whole_parse_gives(
     elif cut == "insert":
         text = text[:k] + data.draw(st.sampled_from(["}", "]", ",", '"', "\\", "x", "}, ]"])) + text[k:]
     elif cut == "delete":
-        text = text[:k] + text[k + 1:]
+        text = text[:k] + text[k + 1 :]
     path = tmp_path / "t.json"
     path.write_text(text)
     try:

@@ -98,16 +98,24 @@ def registry() -> CollectorRegistry:
 
 @pytest.fixture
 def mon(registry: CollectorRegistry) -> Iterator[perfsdk.Monitor]:
-    m = perfsdk.Monitor(model=None, hardware=None, registry=registry, otel=False, nvtx=False, timing="host",
-                        poll_interval=0.002)
+    m = perfsdk.Monitor(
+        model=None, hardware=None, registry=registry, otel=False, nvtx=False, timing="host", poll_interval=0.002
+    )
     yield m
     m.close()
 
 
 def fast_window(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     """Window settings for the end-to-end tests: a short gate, a loose CV, a temp directory."""
-    cfg: dict[str, Any] = {"directory": tmp_path / "traces", "min_free_mb": 1, "steady_window": 8,
-                           "steady_cv": 0.5, "warmup_steps": 4, "steady_timeout_s": 60.0, "steps": 3}
+    cfg: dict[str, Any] = {
+        "directory": tmp_path / "traces",
+        "min_free_mb": 1,
+        "steady_window": 8,
+        "steady_cv": 0.5,
+        "warmup_steps": 4,
+        "steady_timeout_s": 60.0,
+        "steps": 3,
+    }
     cfg.update(extra)
     return cfg
 
@@ -127,11 +135,19 @@ def test_disabled_window_costs_one_attribute_read(mon: perfsdk.Monitor) -> None:
     assert w.wants_steps is False and w.state == "idle"
 
 
-def test_gate_blocks_during_warmup_and_batch_change_then_opens_when_steady(mon: perfsdk.Monitor,
-                                                                           tmp_path: Path) -> None:
+def test_gate_blocks_during_warmup_and_batch_change_then_opens_when_steady(
+    mon: perfsdk.Monitor, tmp_path: Path
+) -> None:
     clock = FakeClock()
-    w = mon.enable_profiler(directory=tmp_path, min_free_mb=0, steady_window=4, steady_cv=0.05,
-                            warmup_steps=5, steady_timeout_s=100, clock=clock)
+    w = mon.enable_profiler(
+        directory=tmp_path,
+        min_free_mb=0,
+        steady_window=4,
+        steady_cv=0.05,
+        warmup_steps=5,
+        steady_timeout_s=100,
+        clock=clock,
+    )
     h = w.trigger()
     assert h.accepted
     for _ in range(5 + 3):  # 5 skipped + 3 of a 4-step window: not yet
@@ -151,8 +167,15 @@ def test_gate_blocks_during_warmup_and_batch_change_then_opens_when_steady(mon: 
 
 def test_gate_stays_closed_while_steps_vary(mon: perfsdk.Monitor, tmp_path: Path) -> None:
     clock = FakeClock()
-    w = mon.enable_profiler(directory=tmp_path, min_free_mb=0, steady_window=4, steady_cv=0.05,
-                            warmup_steps=0, steady_timeout_s=30, clock=clock)
+    w = mon.enable_profiler(
+        directory=tmp_path,
+        min_free_mb=0,
+        steady_window=4,
+        steady_cv=0.05,
+        warmup_steps=0,
+        steady_timeout_s=30,
+        clock=clock,
+    )
     w.trigger()
     for i in range(50):
         w.observe_step("decode", 0.010 if i % 2 else 0.020, 8, None)  # CV = 1/3
@@ -191,8 +214,9 @@ def test_timeout_captures_anyway_and_marks_not_steady(mon: perfsdk.Monitor, tmp_
 # ---- API trigger, the trace, the diagnosis, retention ----------------------------------------------
 
 
-def test_api_trigger_writes_a_trace_and_its_diagnosis(mon: perfsdk.Monitor, tmp_path: Path,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_api_trigger_writes_a_trace_and_its_diagnosis(
+    mon: perfsdk.Monitor, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="perfsdk")
     traces = tmp_path / "traces"
     traces.mkdir()
@@ -224,8 +248,7 @@ def test_api_trigger_writes_a_trace_and_its_diagnosis(mon: perfsdk.Monitor, tmp_
     assert saved["step_count"] == 3 and saved["capture"]["steady"] is True
     assert saved["capture"]["trigger"] == "api"
     assert result.diagnosis is not None and result.diagnosis["step_count"] == 3
-    assert any(r.getMessage().startswith("perfsdk profile: ") and str(trace) in r.getMessage()
-               for r in caplog.records)
+    assert any(r.getMessage().startswith("perfsdk profile: ") and str(trace) in r.getMessage() for r in caplog.records)
     # retention: the oldest capture and its diagnosis are gone, the next one stays
     assert not old[0].exists() and not Path(f"{old[0]}.diagnosis.json").exists()
     assert old[1].exists()
@@ -243,11 +266,13 @@ def test_prune_keeps_the_newest(tmp_path: Path) -> None:
     removed = prune(tmp_path, 2)
     assert len(removed) == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "perfsdk-h-1-rank0-3.pt.trace.json.gz", "perfsdk-h-1-rank0-4.pt.trace.json.gz", "unrelated.json.gz"]
+        "perfsdk-h-1-rank0-3.pt.trace.json.gz",
+        "perfsdk-h-1-rank0-4.pt.trace.json.gz",
+        "unrelated.json.gz",
+    ]
 
 
-def test_diagnosis_sets_the_gpu_busy_gauge(mon: perfsdk.Monitor, registry: CollectorRegistry,
-                                           tmp_path: Path) -> None:
+def test_diagnosis_sets_the_gpu_busy_gauge(mon: perfsdk.Monitor, registry: CollectorRegistry, tmp_path: Path) -> None:
     trace = tmp_path / "h200_eager.pt.trace.json.gz"
     shutil.copy(DATA / "h200_eager.pt.trace.json.gz", trace)
     w = mon.enable_profiler(directory=tmp_path, min_free_mb=0)
@@ -259,8 +284,9 @@ def test_diagnosis_sets_the_gpu_busy_gauge(mon: perfsdk.Monitor, registry: Colle
     assert json.loads(Path(dpath).read_text())["findings"][0]["kind"] == "launch_bound"
 
 
-def test_profile_gauges_appear_at_the_first_capture_not_before(mon: perfsdk.Monitor, registry: CollectorRegistry,
-                                                               tmp_path: Path) -> None:
+def test_profile_gauges_appear_at_the_first_capture_not_before(
+    mon: perfsdk.Monitor, registry: CollectorRegistry, tmp_path: Path
+) -> None:
     labels = {"model": mon.model_name}
     # before any capture nothing is exported: a 0 would read as an idle GPU, or as the rank that waits least
     assert registry.get_sample_value("perfsdk_profile_gpu_busy_fraction", labels) is None
@@ -297,8 +323,14 @@ def test_steady_false_starts_the_capture_at_the_next_step(mon: perfsdk.Monitor, 
     diag = analyze_trace(result.trace or "")
     assert diag.trace is not None and len(diag.steps) == 3
     # step 2 (the first after the trigger) is the profiler's warm-up; steps 3, 4, 5 are recorded
-    muls = [sum(1 for e in diag.trace.cpu_ops if e.name == "aten::mul_"
-                and s.host_start_us <= e.ts < s.host_start_us + s.host_dur_us) for s in diag.steps]
+    muls = [
+        sum(
+            1
+            for e in diag.trace.cpu_ops
+            if e.name == "aten::mul_" and s.host_start_us <= e.ts < s.host_start_us + s.host_dur_us
+        )
+        for s in diag.steps
+    ]
     assert muls == [4, 5, 6]
 
 
@@ -510,8 +542,9 @@ def test_a_process_that_did_not_opt_in_keeps_the_default_sigusr2(tmp_path: Path)
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", _NO_OPT_IN, str(tmp_path)], capture_output=True, text=True,
-                          timeout=120, check=False)  # it is meant to die of the signal
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_OPT_IN, str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+    )  # it is meant to die of the signal
     assert proc.stdout.split() == ["default"], proc.stderr
     assert proc.returncode == -signal.SIGUSR2  # the default action, as without perfsdk
 
@@ -541,9 +574,19 @@ def feed_mbu(w: ProfilerWindow, mbu: float, windows: int, steps_per_window: int 
 
 def test_automatic_trigger_with_cooldown_and_hourly_cap(mon: perfsdk.Monitor, tmp_path: Path) -> None:
     clock = FakeClock()
-    w = mon.enable_profiler(directory=tmp_path, min_free_mb=0, auto=True, auto_window_steps=2,
-                            auto_baseline_windows=3, auto_windows=2, auto_drop=0.2, cooldown_s=100,
-                            max_per_hour=2, steady_window=1000, clock=clock)
+    w = mon.enable_profiler(
+        directory=tmp_path,
+        min_free_mb=0,
+        auto=True,
+        auto_window_steps=2,
+        auto_baseline_windows=3,
+        auto_windows=2,
+        auto_drop=0.2,
+        cooldown_s=100,
+        max_per_hour=2,
+        steady_window=1000,
+        clock=clock,
+    )
     feed_mbu(w, 0.50, 3)  # baseline learnt
     feed_mbu(w, 0.45, 4)  # 10% lower: within tolerance
     assert w.state == "idle"
@@ -577,9 +620,17 @@ def test_automatic_trigger_with_cooldown_and_hourly_cap(mon: perfsdk.Monitor, tm
 
 def test_a_sustained_drop_is_not_its_own_baseline(mon: perfsdk.Monitor, tmp_path: Path) -> None:
     clock = FakeClock()
-    w = mon.enable_profiler(directory=tmp_path, min_free_mb=0, auto=True, auto_window_steps=2,
-                            auto_baseline_windows=2, auto_windows=4, auto_drop=0.2, steady_window=1000,
-                            clock=clock)
+    w = mon.enable_profiler(
+        directory=tmp_path,
+        min_free_mb=0,
+        auto=True,
+        auto_window_steps=2,
+        auto_baseline_windows=2,
+        auto_windows=4,
+        auto_drop=0.2,
+        steady_window=1000,
+        clock=clock,
+    )
     feed_mbu(w, 0.50, 2)
     feed_mbu(w, 0.30, 3)
     assert w.state == "idle" and w.status()["mbu_baseline"] == pytest.approx(0.5)
@@ -590,8 +641,9 @@ def test_a_sustained_drop_is_not_its_own_baseline(mon: perfsdk.Monitor, tmp_path
 # ---- a failing profiler never stops serving -------------------------------------------------------------
 
 
-def test_failing_profiler_leaves_the_loop_serving(mon: perfsdk.Monitor, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failing_profiler_leaves_the_loop_serving(
+    mon: perfsdk.Monitor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch.profiler
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -618,12 +670,28 @@ def test_failing_profiler_leaves_the_loop_serving(mon: perfsdk.Monitor, tmp_path
 # ---- configuration ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("mode", "perf"), ("steps", 0), ("steps", 2.5), ("wait", -1), ("keep", 0), ("min_free_mb", -1),
-    ("steady_window", 1), ("steady_cv", 0), ("warmup_steps", -1), ("steady_timeout_s", 0),
-    ("auto", "yes"), ("auto_drop", 1.0), ("auto_windows", 0), ("cooldown_s", -1), ("max_per_hour", 0),
-    ("clock", 3), ("directory", ""),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("mode", "perf"),
+        ("steps", 0),
+        ("steps", 2.5),
+        ("wait", -1),
+        ("keep", 0),
+        ("min_free_mb", -1),
+        ("steady_window", 1),
+        ("steady_cv", 0),
+        ("warmup_steps", -1),
+        ("steady_timeout_s", 0),
+        ("auto", "yes"),
+        ("auto_drop", 1.0),
+        ("auto_windows", 0),
+        ("cooldown_s", -1),
+        ("max_per_hour", 0),
+        ("clock", 3),
+        ("directory", ""),
+    ],
+)
 def test_bad_config_names_the_field(mon: perfsdk.Monitor, field: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=field):
         ProfilerWindow(mon, **{field: value})
@@ -663,8 +731,15 @@ def test_the_window_diagnoses_against_the_unprofiled_steps_the_monitor_timed(tmp
     from perfsdk.hardware import get
 
     h200 = get("h200")
-    m = perfsdk.Monitor(model=fixture_model(), hardware=h200, registry=CollectorRegistry(), otel=False, nvtx=False,
-                        timing="host", poll_interval=0.002)
+    m = perfsdk.Monitor(
+        model=fixture_model(),
+        hardware=h200,
+        registry=CollectorRegistry(),
+        otel=False,
+        nvtx=False,
+        timing="host",
+        poll_interval=0.002,
+    )
     try:
         w = m.enable_profiler(directory=tmp_path, min_free_mb=0)
         for _ in range(40):
@@ -703,8 +778,15 @@ def test_the_window_diagnoses_against_the_unprofiled_steps_the_monitor_timed(tmp
 def test_the_window_graph_trace_with_a_model_is_slow_kernels_not_healthy(tmp_path: Path) -> None:
     from perfsdk.hardware import get
 
-    m = perfsdk.Monitor(model=fixture_model(), hardware=get("h200"), registry=CollectorRegistry(), otel=False,
-                        nvtx=False, timing="host", poll_interval=0.002)
+    m = perfsdk.Monitor(
+        model=fixture_model(),
+        hardware=get("h200"),
+        registry=CollectorRegistry(),
+        otel=False,
+        nvtx=False,
+        timing="host",
+        poll_interval=0.002,
+    )
     try:
         w = m.enable_profiler(directory=tmp_path, min_free_mb=0)
         for _ in range(20):
@@ -721,8 +803,9 @@ def test_the_window_graph_trace_with_a_model_is_slow_kernels_not_healthy(tmp_pat
     assert "ncu --set full -k regex:'nvjet_sm90" in d["findings"][0]["suggestion"]
 
 
-def test_a_real_capture_reports_its_inflation_against_the_loops_unprofiled_steps(mon: perfsdk.Monitor,
-                                                                                  tmp_path: Path) -> None:
+def test_a_real_capture_reports_its_inflation_against_the_loops_unprofiled_steps(
+    mon: perfsdk.Monitor, tmp_path: Path
+) -> None:
     w = mon.enable_profiler(**fast_window(tmp_path))
     with DecodeLoop(mon, batch=2):
         result = w.trigger().wait(60)
@@ -768,10 +851,28 @@ def decode_and_prefill_trace() -> list[dict[str, Any]]:
     def launch(name: str, at: float, kernel: str, start: float, dur: float) -> None:
         nonlocal corr
         corr += 1
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": name, "ts": at, "dur": 1.0, **host,
-                       "args": {"correlation": corr}})
-        events.append({"ph": "X", "cat": "kernel", "name": kernel, "ts": start, "dur": dur, **gpu,
-                       "args": {"correlation": corr, "stream": 7}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": name,
+                "ts": at,
+                "dur": 1.0,
+                **host,
+                "args": {"correlation": corr},
+            }
+        )
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": kernel,
+                "ts": start,
+                "dur": dur,
+                **gpu,
+                "args": {"correlation": corr, "stream": 7},
+            }
+        )
 
     t = 0.0
     for i in range(3):
@@ -779,16 +880,18 @@ def decode_and_prefill_trace() -> list[dict[str, Any]]:
         launch("cudaGraphLaunch", t + 1.0, "void gemv_kernel", t + 3.0, 50.0)
         t += 100.0
         if i == 0:
-            events.append({"ph": "X", "cat": "user_annotation", "name": "perfsdk.prefill", "ts": t, "dur": 2000.0,
-                           **host})
+            events.append(
+                {"ph": "X", "cat": "user_annotation", "name": "perfsdk.prefill", "ts": t, "dur": 2000.0, **host}
+            )
             for k in range(20):
                 launch("cudaLaunchKernel", t + 100.0 * k + 80.0, "void elementwise_kernel", t + 100.0 * k + 82.0, 5.0)
             t += 2000.0
     return events
 
 
-def test_the_window_verdict_is_about_its_decode_steps_not_a_prefill_it_caught(mon: perfsdk.Monitor,
-                                                                               tmp_path: Path) -> None:
+def test_the_window_verdict_is_about_its_decode_steps_not_a_prefill_it_caught(
+    mon: perfsdk.Monitor, tmp_path: Path
+) -> None:
     from perfsdk.demo.ladder import short_advice
     from perfsdk.demo.ladder_rows import RungRow
     from perfsdk.demo.ladder_rung import profile_of
@@ -806,7 +909,11 @@ def test_the_window_verdict_is_about_its_decode_steps_not_a_prefill_it_caught(mo
     assert "already replays a CUDA graph" in d["findings"][0]["suggestion"]  # ... so graphs are not the advice
     assert "already replays a CUDA graph" in line or "move the host work" in line
     # the ladder's table takes the same verdict, and its "next" follows it
-    row = RungRow(rung="graph", profile=profile_of(CaptureResult(id=1, mode="torch", trigger="ladder", steady=True,
-                                                                 steps=3, trace=str(trace), diagnosis=d)))
+    row = RungRow(
+        rung="graph",
+        profile=profile_of(
+            CaptureResult(id=1, mode="torch", trigger="ladder", steady=True, steps=3, trace=str(trace), diagnosis=d)
+        ),
+    )
     assert row.profile is not None and row.profile.kind == "launch_bound"
     assert short_advice(row) == "overlap host work, batch more"

@@ -33,8 +33,16 @@ from perfsdk.hardware import HardwareSpec
 from perfsdk.model import ModelSpec
 
 # a tiny Llama-shaped model; the Monitor costs steps against its per-rank share (ModelSpec.with_tp)
-CONFIG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024, "torch_dtype": "float32"}
+CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1024,
+    "torch_dtype": "float32",
+}
 HW = HardwareSpec(name="tp-test-cpu", memory_bandwidth=20e9, flops={"float32": 100e9, "bf16": 100e9})
 BATCH = 4
 CONTEXT = 4 * 64  # summed context tokens of the batch
@@ -70,8 +78,15 @@ def main() -> int:
     dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world)
 
     spec = ModelSpec.from_hf_config(CONFIG).with_tp(a.world)
-    mon = perfsdk.Monitor(model=spec, hardware=HW, registry=CollectorRegistry(), otel=False, nvtx=False,
-                          timing="host", model_name="tp-test")  # rank="auto": from the process group
+    mon = perfsdk.Monitor(
+        model=spec,
+        hardware=HW,
+        registry=CollectorRegistry(),
+        otel=False,
+        nvtx=False,
+        timing="host",
+        model_name="tp-test",
+    )  # rank="auto": from the process group
     srv = mon.serve_metrics(port=0)
     _write(a.dir / f"port{a.rank}", str(srv.port))
     window = mon.enable_profiler(directory=a.dir / "traces", min_free_mb=0, keep=100)
@@ -80,8 +95,10 @@ def main() -> int:
     g = torch.Generator().manual_seed(a.rank)
     dim, inter, layers = CONFIG["hidden_size"], CONFIG["intermediate_size"], CONFIG["num_hidden_layers"]
     shard = inter // a.world
-    weights = [(torch.randn(dim, shard, generator=g) * 0.02, torch.randn(shard, dim, generator=g) * 0.02)
-               for _ in range(2 * layers)]
+    weights = [
+        (torch.randn(dim, shard, generator=g) * 0.02, torch.randn(shard, dim, generator=g) * 0.02)
+        for _ in range(2 * layers)
+    ]
     x0 = torch.randn(BATCH, dim, generator=torch.Generator().manual_seed(0))
 
     def step() -> torch.Tensor:
@@ -104,11 +121,20 @@ def main() -> int:
     result = handle.wait(120) if handle is not None else None
     mon.flush()
     stats = mon.stats()
-    _write(a.dir / f"done{a.rank}.json", json.dumps({
-        "rank": a.rank, "port": srv.port, "decode_steps": stats["decode"]["steps"] if "decode" in stats else None,
-        "trace": result.trace if result else None, "error": result.error if result else "no capture",
-        "capture_steady": result.steady if result else None, "window": window.status()["state"],
-    }))
+    _write(
+        a.dir / f"done{a.rank}.json",
+        json.dumps(
+            {
+                "rank": a.rank,
+                "port": srv.port,
+                "decode_steps": stats["decode"]["steps"] if "decode" in stats else None,
+                "trace": result.trace if result else None,
+                "error": result.error if result else "no capture",
+                "capture_steady": result.steady if result else None,
+                "window": window.status()["state"],
+            }
+        ),
+    )
     _wait_for(a.dir / f"stop{a.rank}", 300)
     mon.close()
     dist.destroy_process_group()

@@ -95,13 +95,7 @@ _MAX_COUNT = 2**53
 
 
 def build_payload(
-    endpoint: str,
-    *,
-    model: str,
-    prompt: str,
-    max_tokens: int,
-    ignore_eos: bool = False,
-    temperature: float = 0.0,
+    endpoint: str, *, model: str, prompt: str, max_tokens: int, ignore_eos: bool = False, temperature: float = 0.0
 ) -> dict[str, Any]:
     """The JSON body for ``/v1/completions`` (``endpoint="completions"``) or ``/v1/chat/completions``."""
     body: dict[str, Any] = {
@@ -239,8 +233,7 @@ async def _stream(
         if "event-stream" not in ctype:
             body = await _body_excerpt(resp)
             raise _StreamFailure(
-                NOT_EVENT_STREAM,
-                f"expected text/event-stream, got {_clip(ctype) or 'no Content-Type'}: {_clip(body)}",
+                NOT_EVENT_STREAM, f"expected text/event-stream, got {_clip(ctype) or 'no Content-Type'}: {_clip(body)}"
             )
         data_lines: list[str] = []
         event_bytes = 0

@@ -144,10 +144,7 @@ def config_diff(a: BenchResult, b: BenchResult) -> dict[str, tuple[Any, Any]]:
 
 
 def format_comparison(
-    rows: list[ComparisonRow],
-    diff: dict[str, tuple[Any, Any]] | None = None,
-    *,
-    names: tuple[str, str] = ("A", "B"),
+    rows: list[ComparisonRow], diff: dict[str, tuple[Any, Any]] | None = None, *, names: tuple[str, str] = ("A", "B")
 ) -> str:
     lines: list[str] = []
     if diff:

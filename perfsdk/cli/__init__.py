@@ -56,8 +56,7 @@ COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="perfsdk",
-        description="How fast is your LLM server against what the hardware allows?",
+        prog="perfsdk", description="How fast is your LLM server against what the hardware allows?"
     )
     parser.add_argument("--version", action="version", version=f"perfsdk {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -73,23 +72,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _broken(sub: argparse._SubParsersAction[argparse.ArgumentParser], command: str, module: str,
-            error: BaseException) -> None:
+def _broken(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], command: str, module: str, error: BaseException
+) -> None:
     # no option of its own (prefix_chars that never occur): whatever follows is taken as it is
-    p = sub.add_parser(command, help=f"(unavailable: perfsdk.cli.{module} failed to import)", add_help=False,
-                       prefix_chars="\x00")
+    p = sub.add_parser(
+        command, help=f"(unavailable: perfsdk.cli.{module} failed to import)", add_help=False, prefix_chars="\x00"
+    )
     p.add_argument("args", nargs=argparse.REMAINDER)
 
     def run(_: argparse.Namespace) -> int:
-        raise PerfsdkError(f"the '{command}' command cannot run: importing perfsdk.cli.{module} failed: "
-                           f"{type(error).__name__}: {error}. "
-                           "Reinstall perfsdk (pip install --force-reinstall perfsdk).")
+        raise PerfsdkError(
+            f"the '{command}' command cannot run: importing perfsdk.cli.{module} failed: "
+            f"{type(error).__name__}: {error}. "
+            "Reinstall perfsdk (pip install --force-reinstall perfsdk)."
+        )
 
     p.set_defaults(func=run)
 
 
-def dispatch(args: argparse.Namespace, dest: str, handlers: Mapping[str, Callable[[argparse.Namespace], int]],
-             command: str) -> int:
+def dispatch(
+    args: argparse.Namespace, dest: str, handlers: Mapping[str, Callable[[argparse.Namespace], int]], command: str
+) -> int:
     """Run the handler of the (sub)command named in ``args.<dest>``; a missing one is a :class:`UsageError`
     naming *handlers*' choices (``bench: give a subcommand: serve, compare (see perfsdk bench --help)``)."""
     name = getattr(args, dest, None)
@@ -126,4 +130,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     return int(rc or 0)
-

@@ -56,10 +56,7 @@ log = logging.getLogger(__name__)
 # what the default model serves there (tiny on 2 CPU cores: ~8 running at ~10 ms a step; 1b on an H200:
 # ~190 tokens/s under load with the eager engine, several thousand with the compiled one), so the report
 # shows a healthy server, not a growing queue. --engine eager on CUDA keeps the old 3 requests/s.
-_DEFAULTS: dict[str, tuple[float, float, str, int]] = {
-    "cpu": (25.0, 4.0, "64", 8),
-    "cuda": (30.0, 8.0, "128", 32),
-}
+_DEFAULTS: dict[str, tuple[float, float, str, int]] = {"cpu": (25.0, 4.0, "64", 8), "cuda": (30.0, 8.0, "128", 32)}
 _EAGER_CUDA_RATE = 3.0
 # what a demo on one machine can mean: beyond these the load is a typo (and rate × duration would be a
 # billion prompts built before the first is sent)
@@ -76,31 +73,48 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--port",
-        type=PORT,
-        default=None,
-        help="port to listen on (0: any free one; default 0, 8000 with --serve)",
+        "--port", type=PORT, default=None, help="port to listen on (0: any free one; default 0, 8000 with --serve)"
     )
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default: loopback; any other needs --token)")
-    p.add_argument("--token", default=None,
-                   help="bearer token for POST and DELETE /debug/profile (default: $PERFSDK_PROFILE_TOKEN); "
-                        "required with a --host other than loopback")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: loopback; any other needs --token)"
+    )
+    p.add_argument(
+        "--token",
+        default=None,
+        help="bearer token for POST and DELETE /debug/profile (default: $PERFSDK_PROFILE_TOKEN); "
+        "required with a --host other than loopback",
+    )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (default: auto)")
     p.add_argument("--model-size", default=None, help="tiny | small | 1b | 8b (default: tiny on CPU, 1b on CUDA)")
-    p.add_argument("--engine", default="auto",
-                   help="auto | eager | graph | compile | int8 (default auto: eager on CPU, the fastest rung on CUDA)")
-    p.add_argument("--duration", type=finite_float(0, DAY_S, open_low=True, what="a number of seconds"), default=None,
-                   help="seconds of load, at most a day (default 25 on CPU, 30 on CUDA)")
-    p.add_argument("--num-prompts", type=positive_int(MAX_PROMPTS), default=None,
-                   help="requests to send (default: rate × duration)")
-    p.add_argument("--request-rate", type=finite_float(0, MAX_RATE, open_low=True, what="a number of requests/s"),
-                   default=None,
-                   help="requests/s, Poisson (default 4 CPU, 8 CUDA, 3 with --engine eager on CUDA)")
+    p.add_argument(
+        "--engine",
+        default="auto",
+        help="auto | eager | graph | compile | int8 (default auto: eager on CPU, the fastest rung on CUDA)",
+    )
+    p.add_argument(
+        "--duration",
+        type=finite_float(0, DAY_S, open_low=True, what="a number of seconds"),
+        default=None,
+        help="seconds of load, at most a day (default 25 on CPU, 30 on CUDA)",
+    )
+    p.add_argument(
+        "--num-prompts",
+        type=positive_int(MAX_PROMPTS),
+        default=None,
+        help="requests to send (default: rate × duration)",
+    )
+    p.add_argument(
+        "--request-rate",
+        type=finite_float(0, MAX_RATE, open_low=True, what="a number of requests/s"),
+        default=None,
+        help="requests/s, Poisson (default 4 CPU, 8 CUDA, 3 with --engine eager on CUDA)",
+    )
     p.add_argument("--input-len", default="uniform:32-128", help="prompt tokens: N or uniform:A-B")
     p.add_argument("--output-len", default=None, help="output tokens: N or uniform:A-B (default 64 CPU, 128 CUDA)")
     p.add_argument(
-        "--max-batch", type=positive_int(MAX_SLOTS), default=None,
+        "--max-batch",
+        type=positive_int(MAX_SLOTS),
+        default=None,
         help="KV-cache slots: most requests decoded together (8 CPU, 32 CUDA)",
     )
     p.add_argument("--serve", action="store_true", help="keep serving after the report, until Ctrl-C")
@@ -111,8 +125,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--ladder", action="store_true", help="run every engine rung under one load; table, log and plot")
     g.add_argument("--rungs", default=None, help="comma-separated rungs (default: all this device runs)")
     g.add_argument("--out", default="perfsdk-ladder", help="where the ladder writes (default ./perfsdk-ladder)")
-    g.add_argument("--concurrency", type=positive_int(MAX_SLOTS), default=None,
-                   help="ladder load: requests in flight (16 CUDA, 4 CPU)")
+    g.add_argument(
+        "--concurrency",
+        type=positive_int(MAX_SLOTS),
+        default=None,
+        help="ladder load: requests in flight (16 CUDA, 4 CPU)",
+    )
     p.set_defaults(func=run)
 
 
@@ -228,9 +246,14 @@ def _run_demo(args: argparse.Namespace, stopper: _Stopper) -> int:
     token = args.token if args.token is not None else os.environ.get("PERFSDK_PROFILE_TOKEN")
     token = token or None  # an empty token is none
     # before torch is imported or a model built: a refused --host is an error at once
-    check_bind(args.host, token, "--host", "the demo",
-               "a token for POST and DELETE /debug/profile (the profiler trigger): pass --token or set "
-               "PERFSDK_PROFILE_TOKEN, or bind 127.0.0.1")
+    check_bind(
+        args.host,
+        token,
+        "--host",
+        "the demo",
+        "a token for POST and DELETE /debug/profile (the profiler trigger): pass --token or set "
+        "PERFSDK_PROFILE_TOKEN, or bind 127.0.0.1",
+    )
     device = resolve_device(args.device)
     kind = "cuda" if device.startswith("cuda") else "cpu"
     d_duration, d_rate, d_output, d_slots = _DEFAULTS[kind]
@@ -240,8 +263,10 @@ def _run_demo(args: argparse.Namespace, stopper: _Stopper) -> int:
     rate = d_rate if args.request_rate is None else args.request_rate
     num_prompts = args.num_prompts if args.num_prompts is not None else max(1, round(rate * duration))
     if num_prompts > MAX_PROMPTS:
-        raise ConfigError(f"--request-rate × --duration is {num_prompts:,} requests, beyond the demo's "
-                          f"{MAX_PROMPTS:,}; lower one of them or pass --num-prompts")
+        raise ConfigError(
+            f"--request-rate × --duration is {num_prompts:,} requests, beyond the demo's "
+            f"{MAX_PROMPTS:,}; lower one of them or pass --num-prompts"
+        )
     port = args.port if args.port is not None else (8000 if args.serve else 0)
     output_len = args.output_len or d_output
 
@@ -259,8 +284,10 @@ def _run_demo(args: argparse.Namespace, stopper: _Stopper) -> int:
     )
     try:
         base = stack.server.base_url
-        _say(f"perfsdk demo: {stack.model_name} ({stack.rung} engine, built in {stack.build_seconds:.1f} s) serving at "
-             f"{base} (metrics: {base}/metrics)")
+        _say(
+            f"perfsdk demo: {stack.model_name} ({stack.rung} engine, built in {stack.build_seconds:.1f} s) serving at "
+            f"{base} (metrics: {base}/metrics)"
+        )
         _say(f"perfsdk demo: sending {num_prompts} requests at {rate:g}/s for about {duration:g} s…")
         config = BenchConfig(
             base_url=base,
@@ -298,8 +325,10 @@ def _run_demo(args: argparse.Namespace, stopper: _Stopper) -> int:
             }
             report = build_report(stack=stack, bench=result, config=load, monitor_stats=monitor_stats)
             if interrupted is not None:
-                report["interrupted"] = (f"{interrupted.name} during the load: it was stopped; the client columns "
-                                         "are empty, the server's hold the requests that finished before")
+                report["interrupted"] = (
+                    f"{interrupted.name} during the load: it was stopped; the client columns "
+                    "are empty, the server's hold the requests that finished before"
+                )
             if args.json:
                 print(json.dumps(report, indent=2, default=str))
             else:

@@ -39,11 +39,11 @@ _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 # The ranges of the flags: wide enough for any real model or part, narrow enough that no figure overflows a
 # float or prints hundreds of digits (a 1e300 TB/s peak made the floor 0 and its tokens/s a division by zero).
 MAX_PARAMS = 1e15
-MAX_SHAPE = 10**5       # layers, heads, KV heads, head dim
-MAX_SIZE = 10**7        # batch, tensor-parallel size
-MAX_TOKENS = 10**9      # context and prompt lengths
-TB_S = (1e-6, 1e4)      # peak bandwidth, TB/s: 1 MB/s .. 10 PB/s
-TFLOPS = (1e-6, 1e7)    # dense peak, TFLOP/s
+MAX_SHAPE = 10**5  # layers, heads, KV heads, head dim
+MAX_SIZE = 10**7  # batch, tensor-parallel size
+MAX_TOKENS = 10**9  # context and prompt lengths
+TB_S = (1e-6, 1e4)  # peak bandwidth, TB/s: 1 MB/s .. 10 PB/s
+TFLOPS = (1e-6, 1e7)  # dense peak, TFLOP/s
 MEASURED_MS = (1e-6, 1e9)
 
 
@@ -173,8 +173,10 @@ def _figures(
         "embedding_bytes": model.embedding_bytes,
         "bytes_convention": (
             f"every weight once, except the untied input embedding ({model.embedding_bytes:.4g} B): one row "
-            "per sequence" if model.embedding_bytes else
-            "every weight once (params x bytes; no untied input-embedding table is known)"),
+            "per sequence"
+            if model.embedding_bytes
+            else "every weight once (params x bytes; no untied input-embedding table is known)"
+        ),
         "kv_bytes_per_token": model.kv_bytes_per_token if model.has_attention_shape else None,
         "decode_step_bytes": step_bytes,
         "decode_floor_ms": floor_s * 1e3,
@@ -202,7 +204,8 @@ def _figures(
                 f"faster than its "
                 f"{floor_s * 1e3:.3g} ms floor. The measurement or the peak ({bandwidth / 1e12:.3g} TB/s, "
                 f"{source}) is wrong: check that the step was timed on the device (CUDA events or a synchronize) "
-                "and that the GPU and model sizes are the ones that ran.")
+                "and that the GPU and model sizes are the ones that ran."
+            )
     return out
 
 
@@ -222,18 +225,30 @@ def _fmt_bytes(b: float) -> str:
 def format_table(r: dict[str, Any]) -> str:
     rows = [
         ("model", f"{r['model']} (tp={r['tp']})" if r["tp"] > 1 else r["model"]),
-        ("gpu", f"{r['gpu']}: {_fig(r['peak_bandwidth_bytes_per_s'] / 1e12, '.2f')} TB/s"
-         + (f", {_fig(r['peak_flops'] / 1e12, ',.0f')} TFLOP/s dense" if r["peak_flops"] else "")),
-        ("weights read per step", _fmt_bytes(r["step_weight_bytes"])
-         + (f" + one embedding row per sequence (the untied input table, {_fmt_bytes(r['embedding_bytes'])}, "
-            "is not read whole)" if r["embedding_bytes"] else " (every weight once)")),
+        (
+            "gpu",
+            f"{r['gpu']}: {_fig(r['peak_bandwidth_bytes_per_s'] / 1e12, '.2f')} TB/s"
+            + (f", {_fig(r['peak_flops'] / 1e12, ',.0f')} TFLOP/s dense" if r["peak_flops"] else ""),
+        ),
+        (
+            "weights read per step",
+            _fmt_bytes(r["step_weight_bytes"])
+            + (
+                f" + one embedding row per sequence (the untied input table, {_fmt_bytes(r['embedding_bytes'])}, "
+                "is not read whole)"
+                if r["embedding_bytes"]
+                else " (every weight once)"
+            ),
+        ),
     ]
     if r["kv_bytes_per_token"] is not None:
         rows.append(("KV cache per token", f"{_fig(r['kv_bytes_per_token'], ',.0f')} B"))
     rows += [
         (f"decode step bytes (batch {r['batch']}, ctx {r['ctx']})", _fmt_bytes(r["decode_step_bytes"])),
-        ("decode floor", f"{_fig(r['decode_floor_ms'], '.2f')} ms/step = "
-                         f"{_fig(r['decode_tokens_per_s'], ',.0f')} tokens/s"),
+        (
+            "decode floor",
+            f"{_fig(r['decode_floor_ms'], '.2f')} ms/step = {_fig(r['decode_tokens_per_s'], ',.0f')} tokens/s",
+        ),
     ]
     if r["prefill_floor_ms"] is not None:
         label = f"prefill floor ({r['batch']} × {r['prompt_tokens']} tokens)"
@@ -242,8 +257,12 @@ def format_table(r: dict[str, Any]) -> str:
             value += f" ({_fig(r['prefill_floor_no_attention_ms'], '.2f')} ms without attention)"
         rows.append((label, value))
     if "mbu" in r:
-        rows.append(("measured decode step", f"{_fig(r['measured_ms'], '.2f')} ms = "
-                                             f"{_fig(r['measured_tokens_per_s'], ',.1f')} tokens/s"))
+        rows.append(
+            (
+                "measured decode step",
+                f"{_fig(r['measured_ms'], '.2f')} ms = {_fig(r['measured_tokens_per_s'], ',.1f')} tokens/s",
+            )
+        )
         rows.append(("MBU", f"{r['mbu']:.1%}" if r["mbu"] <= 1 else "suspect (above 100%: see the warning below)"))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
@@ -269,23 +288,36 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--model", help="a known model name, e.g. llama-3-8b (see perfsdk.model.KNOWN_MODELS)")
     p.add_argument("--params", type=parse_count, help="parameter count: 8e9, 8B, 6.74B")
-    p.add_argument("--bytes-per-param", type=finite_float(0, 64, open_low=True),
-                   help="2 for bf16/fp16, 1 for int8/fp8, 0.5 for int4")
+    p.add_argument(
+        "--bytes-per-param",
+        type=finite_float(0, 64, open_low=True),
+        help="2 for bf16/fp16, 1 for int8/fp8, 0.5 for int4",
+    )
     p.add_argument("--layers", type=positive_int(MAX_SHAPE))
     p.add_argument("--heads", type=positive_int(MAX_SHAPE), help="attention (query) heads")
-    p.add_argument("--kv-heads", type=positive_int(MAX_SHAPE),
-                   help="KV heads (grouped-query attention); default: --heads")
+    p.add_argument(
+        "--kv-heads", type=positive_int(MAX_SHAPE), help="KV heads (grouped-query attention); default: --heads"
+    )
     p.add_argument("--head-dim", type=positive_int(MAX_SHAPE))
     p.add_argument("--kv-bytes", type=finite_float(0, 64, open_low=True), help="bytes per KV-cache element (default 2)")
-    p.add_argument("--ctx", type=int_range(0, MAX_TOKENS), default=0,
-                   help="context length of each sequence (default 0: weights only)")
+    p.add_argument(
+        "--ctx",
+        type=int_range(0, MAX_TOKENS),
+        default=0,
+        help="context length of each sequence (default 0: weights only)",
+    )
     p.add_argument("--batch", type=positive_int(MAX_SIZE), default=1, help="sequences per step (default 1)")
-    p.add_argument("--prompt-tokens", type=int_range(0, MAX_TOKENS), default=2048,
-                   help="prompt length for the prefill floor (default 2048)")
+    p.add_argument(
+        "--prompt-tokens",
+        type=int_range(0, MAX_TOKENS),
+        default=2048,
+        help="prompt length for the prefill floor (default 2048)",
+    )
     p.add_argument("--gpu", help="a GPU from the datasheet table, e.g. h100-sxm, h200, a100-sxm-80gb")
     p.add_argument("--bandwidth-tb-s", type=finite_float(*TB_S), help="peak memory bandwidth in TB/s (overrides --gpu)")
-    p.add_argument("--tflops", type=finite_float(*TFLOPS),
-                   help="dense peak TFLOP/s (overrides --gpu; default its bf16 figure)")
+    p.add_argument(
+        "--tflops", type=finite_float(*TFLOPS), help="dense peak TFLOP/s (overrides --gpu; default its bf16 figure)"
+    )
     p.add_argument("--tp", type=positive_int(MAX_SIZE), default=1, help="tensor-parallel size: figures per GPU")
     p.add_argument("--measured-ms", type=finite_float(*MEASURED_MS), help="a measured decode step in ms: prints MBU")
     p.add_argument("--json", action="store_true", help="print one JSON object")

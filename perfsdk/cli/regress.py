@@ -73,10 +73,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         f"default gates: {', '.join(DEFAULT_GATES)}",
     )
     c.add_argument("--only", action="store_true", help="gate only the --gate metrics, not the defaults")
-    c.add_argument("--min-delta-ms", type=finite_float(0, 1e9, what="a number of milliseconds"), default=1.0,
-                   help="a latency must also move by more than this many ms to fail (default 1)")
-    c.add_argument("--allow-config-diff", action="store_true",
-                   help="compare runs made with different settings (rate, lengths, model, ...)")
+    c.add_argument(
+        "--min-delta-ms",
+        type=finite_float(0, 1e9, what="a number of milliseconds"),
+        default=1.0,
+        help="a latency must also move by more than this many ms to fail (default 1)",
+    )
+    c.add_argument(
+        "--allow-config-diff",
+        action="store_true",
+        help="compare runs made with different settings (rate, lengths, model, ...)",
+    )
     c.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown (e.g. $GITHUB_STEP_SUMMARY)")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
 

@@ -31,10 +31,31 @@ __all__ = ["attention_op", "check", "fused_decode_attention"]
 # No `from __future__ import annotations` in this file: Triton reads the kernel's annotations (tl.constexpr).
 @triton.jit
 def _partial_kernel(
-    q_ptr, k_ptr, v_ptr, slot_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr, L, sm_scale,
-    stride_qb, stride_qh, stride_ks, stride_kh, stride_kl, stride_vs, stride_vh, stride_vl, stride_mb,
-    H, S,
-    REP: tl.constexpr, BLOCK_R: tl.constexpr, CHUNK: tl.constexpr, D: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    slot_ptr,
+    mask_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    L,
+    sm_scale,
+    stride_qb,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_kl,
+    stride_vs,
+    stride_vh,
+    stride_vl,
+    stride_mb,
+    H,
+    S,
+    REP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    CHUNK: tl.constexpr,
+    D: tl.constexpr,
 ):
     """One (row, KV head, chunk of CHUNK positions): the chunk's max score, sum of exponentials and weighted
     values for each of the KV head's query heads."""
@@ -45,14 +66,17 @@ def _partial_kernel(
     rr = tl.arange(0, BLOCK_R)
     dd = tl.arange(0, D)
     rows_ok = rr < REP
-    q = tl.load(q_ptr + b * stride_qb + (g * REP + rr)[:, None] * stride_qh + dd[None, :],
-                mask=rows_ok[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + b * stride_qb + (g * REP + rr)[:, None] * stride_qh + dd[None, :], mask=rows_ok[:, None], other=0.0
+    )
     ll = c * CHUNK + tl.arange(0, CHUNK)
     valid = tl.load(mask_ptr + b * stride_mb + ll, mask=ll < L, other=0) != 0
-    k = tl.load(k_ptr + slot * stride_ks + g * stride_kh + ll[:, None] * stride_kl + dd[None, :],
-                mask=valid[:, None], other=0.0)
-    v = tl.load(v_ptr + slot * stride_vs + g * stride_vh + ll[:, None] * stride_vl + dd[None, :],
-                mask=valid[:, None], other=0.0)
+    k = tl.load(
+        k_ptr + slot * stride_ks + g * stride_kh + ll[:, None] * stride_kl + dd[None, :], mask=valid[:, None], other=0.0
+    )
+    v = tl.load(
+        v_ptr + slot * stride_vs + g * stride_vh + ll[:, None] * stride_vl + dd[None, :], mask=valid[:, None], other=0.0
+    )
     s = tl.dot(q, tl.trans(k)) * sm_scale  # [BLOCK_R, CHUNK], fp32
     s = tl.where(valid[None, :], s, float("-inf"))
     m = tl.max(s, 1)
@@ -85,8 +109,9 @@ def _combine_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, stride_ob, stride_oh, H, S, BL
     tl.store(o_ptr + b * stride_ob + h * stride_oh + dd, out.to(o_ptr.dtype.element_ty))
 
 
-def fused_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                           mask: torch.Tensor) -> torch.Tensor:
+def fused_decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """``q [B, 1, H, D]``, caches ``[S, KV, Lmax, D]``, ``slots [B]``, ``mask [B, L]`` (bool) → ``[B, 1, H·D]``.
 
     Split over the positions (flash-decoding): at batch 1 a 1B model has 4 KV heads, so one program per
@@ -111,25 +136,59 @@ def fused_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(b, h, n_chunks, d, dtype=torch.float32, device=q.device)
     _partial_kernel[(b, kv, n_chunks)](
-        q3, k_cache, v_cache, slots, m, part_m, part_l, part_acc, length, 1.0 / math.sqrt(d),
-        q3.stride(0), q3.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), m.stride(0), h, n_chunks,
-        REP=rep, BLOCK_R=max(16, triton.next_power_of_2(rep)), CHUNK=chunk, D=d, num_warps=4,
+        q3,
+        k_cache,
+        v_cache,
+        slots,
+        m,
+        part_m,
+        part_l,
+        part_acc,
+        length,
+        1.0 / math.sqrt(d),
+        q3.stride(0),
+        q3.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        m.stride(0),
+        h,
+        n_chunks,
+        REP=rep,
+        BLOCK_R=max(16, triton.next_power_of_2(rep)),
+        CHUNK=chunk,
+        D=d,
+        num_warps=4,
     )
     out = torch.empty(b, h, d, dtype=q.dtype, device=q.device)
-    _combine_kernel[(b, h)](part_m, part_l, part_acc, out, out.stride(0), out.stride(1), h, n_chunks,
-                            BLOCK_S=max(2, triton.next_power_of_2(n_chunks)), D=d,
-                            num_warps=1 if n_chunks <= 32 else 4)  # a [chunks, D] fp32 tile in registers
+    _combine_kernel[(b, h)](
+        part_m,
+        part_l,
+        part_acc,
+        out,
+        out.stride(0),
+        out.stride(1),
+        h,
+        n_chunks,
+        BLOCK_S=max(2, triton.next_power_of_2(n_chunks)),
+        D=d,
+        num_warps=1 if n_chunks <= 32 else 4,
+    )  # a [chunks, D] fp32 tile in registers
     return out.reshape(b, 1, h * d)
 
 
-def _op_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-             mask: torch.Tensor) -> torch.Tensor:
+def _op_impl(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     return fused_decode_attention(q, k_cache, v_cache, slots, mask)
 
 
-def _op_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-             mask: torch.Tensor) -> torch.Tensor:
+def _op_fake(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     b, _, h, d = q.shape
     return q.new_empty(b, 1, h * d)
 

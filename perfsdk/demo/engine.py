@@ -33,6 +33,10 @@ Tokens cross from the engine thread to asyncio with
 ``loop.call_soon_threadsafe`` into a per-request :class:`asyncio.Queue`; the
 engine never touches the event loop otherwise. A request that is cancelled
 (the HTTP client went away) is dropped between steps and its slot freed.
+
+Why this module is over 500 lines: the engine is one scheduler loop and the hand-off to the event loop
+(admission, prefill, the batched decode step, finishing, streaming to asyncio) that share one lock and one
+set of slots; split up, a reader would follow the state across files to check that a slot is never lost.
 """
 
 from __future__ import annotations
@@ -339,9 +343,7 @@ class Engine:
         return batch, last - steps + 1
 
     @torch.inference_mode()
-    def time_decode(
-        self, batch: int, context: int, steps: int = 32, phase: Callable[..., Any] | None = None
-    ) -> float:
+    def time_decode(self, batch: int, context: int, steps: int = 32, phase: Callable[..., Any] | None = None) -> float:
         """Run *steps* decode steps of *batch* sequences ending at *context* tokens, outside serving.
 
         The step is this engine's own (the same forward and the same per-step read of the sampled
@@ -405,10 +407,7 @@ class Engine:
         return GenerationResult(handle.output_ids, handle.finish_reason or "abort", handle.prompt_tokens)
 
     def _enqueue(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        deliver: Callable[[list[int | _Finish]], None],
+        self, prompt_ids: Sequence[int], params: SamplingParams, deliver: Callable[[list[int | _Finish]], None]
     ) -> GenerationHandle:
         n = len(prompt_ids)
         if n == 0:
@@ -478,8 +477,13 @@ class Engine:
             if len(handles) == 1:
                 self._fail(handles[0], e)
                 return
-            log.warning("demo engine: a batched %s of %d requests failed (%s: %s); retrying each alone",
-                        phase.__name__.lstrip("_"), len(handles), type(e).__name__, e)
+            log.warning(
+                "demo engine: a batched %s of %d requests failed (%s: %s); retrying each alone",
+                phase.__name__.lstrip("_"),
+                len(handles),
+                type(e).__name__,
+                e,
+            )
         for h in handles:
             if h.engine_done:
                 continue

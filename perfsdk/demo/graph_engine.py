@@ -45,6 +45,11 @@ SGLang's model runners do:
 On a CPU there are no CUDA graphs: ``cuda_graphs`` is off and the same static step runs eagerly (every
 other change above still applies). perfsdk's ``decode`` phase wraps each graph replay, never the
 capture (a capture runs no kernels).
+
+Why this module is over 500 lines: one engine whose step is captured as CUDA graphs per batch bucket; the
+static buffers, the capture and the replay must agree on every tensor's shape and address, which reads best
+in one place (the fused kernels it calls live in :mod:`perfsdk.demo.attention_triton` and
+:mod:`perfsdk.demo.int8_triton`).
 """
 
 from __future__ import annotations
@@ -357,12 +362,22 @@ class GraphEngine(Engine):
 
         # the model's sizes reach the step as closure constants, so that inductor specialises on them;
         # only the batch and the attention length are dynamic
-        def layer(x: Tensor, lw: _LayerWeights, cos: Tensor, sin: Tensor, slots: Tensor, pos: Tensor,
-                  mask: Tensor) -> Tensor:
+        def layer(
+            x: Tensor, lw: _LayerWeights, cos: Tensor, sin: Tensor, slots: Tensor, pos: Tensor, mask: Tensor
+        ) -> Tensor:
             return decode_layer(x, lw, cos, sin, slots, pos, mask, shape)
 
-        def head(x: Tensor, norm: Tensor, out_w: Tensor, out_scale: Tensor | None, allowed: Tensor,
-                 temperature: Tensor, seed: Tensor, position: Tensor, no_eos: Tensor) -> Tensor:
+        def head(
+            x: Tensor,
+            norm: Tensor,
+            out_w: Tensor,
+            out_scale: Tensor | None,
+            allowed: Tensor,
+            temperature: Tensor,
+            seed: Tensor,
+            position: Tensor,
+            no_eos: Tensor,
+        ) -> Tensor:
             return head_and_sample(x, norm, out_w, out_scale, allowed, temperature, seed, position, no_eos, shape)
 
         self._layer_fn: Callable[..., Tensor] = layer
@@ -407,8 +422,20 @@ class GraphEngine(Engine):
         wo, so = _weights(att.wo)
         w13, s13 = _weights(ffn.w13)
         w2, s2 = _weights(ffn.w2)
-        return _LayerWeights(layer.attention_norm.weight, wqkv, sqkv, wo, so, layer.ffn_norm.weight,
-                             w13, s13, w2, s2, att.k_cache, att.v_cache)
+        return _LayerWeights(
+            layer.attention_norm.weight,
+            wqkv,
+            sqkv,
+            wo,
+            so,
+            layer.ffn_norm.weight,
+            w13,
+            s13,
+            w2,
+            s2,
+            att.k_cache,
+            att.v_cache,
+        )
 
     # ---- the step functions ----------------------------------------------------------------------
 
@@ -423,8 +450,17 @@ class GraphEngine(Engine):
         mask = torch.arange(length, device=pos.device)[None, :] <= pos[:, None]
         for lw in self._layers:
             x = self._layer_fn(x, lw, cos, sin, slots, pos, mask)
-        nxt = self._head_fn(x, m.norm.weight, self._out_w, self._out_scale, self._allowed, self._slot_temp[slots],
-                            self._slot_seed[slots], pos + 1, self._slot_no_eos[slots])
+        nxt = self._head_fn(
+            x,
+            m.norm.weight,
+            self._out_w,
+            self._out_scale,
+            self._allowed,
+            self._slot_temp[slots],
+            self._slot_seed[slots],
+            pos + 1,
+            self._slot_no_eos[slots],
+        )
         self._slot_token[slots] = nxt
         # the scratch slot stays at position 0 however many padded steps it takes
         self._slot_pos[slots] = torch.where(slots == self._scratch, torch.zeros_like(pos), pos + 1)
@@ -499,8 +535,9 @@ class GraphEngine(Engine):
         m = self.model
         dev = m.device
         slots = torch.tensor([self._scratch], device=dev)
-        m.prefill_batch(torch.zeros(1, 1, dtype=torch.long, device=dev), torch.ones(1, dtype=torch.long, device=dev),
-                        slots)
+        m.prefill_batch(
+            torch.zeros(1, 1, dtype=torch.long, device=dev), torch.ones(1, dtype=torch.long, device=dev), slots
+        )
         self._slot_pos[self._scratch] = 0
 
     # ---- the engine loop -------------------------------------------------------------------------
@@ -611,9 +648,7 @@ class GraphEngine(Engine):
     # ---- outside serving -------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def time_decode(
-        self, batch: int, context: int, steps: int = 32, phase: Callable[..., Any] | None = None
-    ) -> float:
+    def time_decode(self, batch: int, context: int, steps: int = 32, phase: Callable[..., Any] | None = None) -> float:
         """Run *steps* decode steps as the serving loop does (see :meth:`Engine.time_decode`)."""
         b, p0 = self._timing_shape(batch, context, steps)
         phase = phase or _null_phase

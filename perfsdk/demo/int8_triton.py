@@ -53,8 +53,19 @@ _lock = threading.Lock()
 # No `from __future__ import annotations` in this file: Triton reads the kernel's annotations (tl.constexpr).
 @triton.jit
 def _w8a16_kernel(
-    x_ptr, w_ptr, s_ptr, o_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    o_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
@@ -65,22 +76,20 @@ def _w8a16_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = (k0 + rk) < K
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :],
-                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptr + rn[None, :] * stride_wn + (k0 + rk)[:, None],
-                    mask=n_ok[None, :] & k_ok[:, None], other=0)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptr + rn[None, :] * stride_wn + (k0 + rk)[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0)
         acc = tl.dot(x, w.to(x.dtype), acc)
     scale = tl.load(s_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
     out = acc * scale[None, :]
-    tl.store(o_ptr + rm[:, None] * stride_om + rn[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(
+        o_ptr + rm[:, None] * stride_om + rn[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=m_ok[:, None] & n_ok[None, :],
+    )
 
 
 @triton.jit
-def _w8a16_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, o_ptr, N, K,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
+def _w8a16_gemv_kernel(x_ptr, w_ptr, s_ptr, o_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -96,24 +105,44 @@ def _w8a16_gemv_kernel(
     tl.store(o_ptr + rn, out.to(o_ptr.dtype.element_ty), mask=n_ok)
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, out: torch.Tensor, block_m: int,
-            cfg: tuple[str, int, int, int, int]) -> None:
+def _launch(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    s: torch.Tensor,
+    out: torch.Tensor,
+    block_m: int,
+    cfg: tuple[str, int, int, int, int],
+) -> None:
     m, k = x.shape
     n = w.shape[0]
     kind, bn, bk, warps, stages = cfg
     if kind == "gemv":  # one row; weight, row and output contiguous
         _w8a16_gemv_kernel[(triton.cdiv(n, bn),)](
-            x, w, s, out, n, k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+            x, w, s, out, n, k, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages
         )
         return
     _w8a16_kernel[(triton.cdiv(n, bn),)](
-        x, w, s, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+        x,
+        w,
+        s,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        w.stride(0),
+        out.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=warps,
+        num_stages=stages,
     )
 
 
-def _pick(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, out: torch.Tensor, block_m: int
-          ) -> tuple[str, int, int, int, int]:
+def _pick(
+    x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, out: torch.Tensor, block_m: int
+) -> tuple[str, int, int, int, int]:
     m = int(x.shape[0])
     key = (int(w.shape[0]), int(w.shape[1]), 1 if m == 1 else block_m)
     cfg = _chosen.get(key)

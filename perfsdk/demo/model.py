@@ -313,9 +313,7 @@ class Transformer(nn.Module):
     def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         return self.rope_cos[positions].unsqueeze(-2), self.rope_sin[positions].unsqueeze(-2)
 
-    def _run(
-        self, x: Tensor, attn: Callable[[Attention, Tensor], Tensor], last: Tensor | None = None
-    ) -> Tensor:
+    def _run(self, x: Tensor, attn: Callable[[Attention, Tensor], Tensor], last: Tensor | None = None) -> Tensor:
         for layer in self.layers:
             x = cast(Block, layer).run(x, attn)
         if last is not None:  # only the rows whose next token is wanted reach the output projection

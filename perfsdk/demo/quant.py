@@ -34,8 +34,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["TRITON_MAX_ROWS", "Int8Linear", "int8_linear", "quantize_int8", "quantize_weight", "triton_available",
-           "triton_op"]
+__all__ = [
+    "TRITON_MAX_ROWS",
+    "Int8Linear",
+    "int8_linear",
+    "quantize_int8",
+    "quantize_weight",
+    "triton_available",
+    "triton_op",
+]
 
 #: Rows (tokens) up to which the Triton kernel runs; a decode batch is at most the KV-cache slots.
 TRITON_MAX_ROWS = 64
@@ -86,8 +93,12 @@ def quantize_int8(model: nn.Module, *, kernel: str = "auto") -> tuple[int, int]:
     as soon as its int8 copy exists, so the peak is one matrix more than the model.
     """
     before = after = 0
-    targets = [(parent, name) for parent in model.modules() for name, child in parent.named_children()
-               if isinstance(child, nn.Linear)]
+    targets = [
+        (parent, name)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
     for parent, name in targets:
         child = getattr(parent, name)
         before += child.weight.numel() * child.weight.element_size()

@@ -17,14 +17,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = [
-    "HEADINGS",
-    "build_report",
-    "format_report",
-    "histogram_buckets",
-    "histogram_count",
-    "histogram_quantile",
-]
+__all__ = ["HEADINGS", "build_report", "format_report", "histogram_buckets", "histogram_count", "histogram_quantile"]
 
 TTFT = "gen_ai_server_time_to_first_token_seconds"
 TPOT = "gen_ai_server_time_per_output_token_seconds"
@@ -97,11 +90,7 @@ def _client(summary: Mapping[str, Any], key: str) -> dict[str, float | None]:
 
 
 def build_report(
-    *,
-    stack: Any,
-    bench: Any | None,
-    config: Mapping[str, Any],
-    monitor_stats: Mapping[str, Any] | None,
+    *, stack: Any, bench: Any | None, config: Mapping[str, Any], monitor_stats: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """Everything the report prints, as plain data (``--json`` prints this)."""
     from perfsdk import budget
@@ -157,8 +146,7 @@ def build_report(
     if spec is not None and hw is not None:
         ctx = es.decode_context_tokens / es.decode_steps if es.decode_steps else 0.0
         batch = round(sum(es.batch_sizes) / len(es.batch_sizes)) if es.batch_sizes else 1
-        decode_floor = budget.decode_floor_s(spec, hw.memory_bandwidth, context_tokens=round(ctx),
-                                             batch=max(batch, 1))
+        decode_floor = budget.decode_floor_s(spec, hw.memory_bandwidth, context_tokens=round(ctx), batch=max(batch, 1))
         prompt = es.prefill_tokens / es.submitted if es.submitted else 128
         try:
             peak = hw.peak_flops(spec.dtype)
@@ -208,10 +196,7 @@ def build_report(
             "internal_errors": (monitor_stats or {}).get("internal_errors"),
         },
         "notes": list(stack.notes),
-        "next": {
-            "metrics_url": f"{base}/metrics",
-            "profile_url": f"{base}/debug/profile?steps=4&wait=60",
-        },
+        "next": {"metrics_url": f"{base}/metrics", "profile_url": f"{base}/debug/profile?steps=4&wait=60"},
     }
 
 
@@ -276,8 +261,10 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
     lines.append("Steps")
     lines.append(f"  {'phase':8}{'steps':>8}{'p50 ms':>10}{'mean ms':>10}{'MBU':>9}{'MFU':>9}")
     fl = r["floors"]
-    peaks = {"mbu_suspect": f"{(fl.get('bandwidth_bytes_per_s') or 0) / 1e9:.4g} GB/s",
-             "mfu_suspect": f"{(fl.get('peak_flops') or 0) / 1e12:.4g} TFLOP/s"}
+    peaks = {
+        "mbu_suspect": f"{(fl.get('bandwidth_bytes_per_s') or 0) / 1e9:.4g} GB/s",
+        "mfu_suspect": f"{(fl.get('peak_flops') or 0) / 1e12:.4g} TFLOP/s",
+    }
     suspects: list[str] = []
     for phase, st in r["steps"].items():
         mbu = "suspect" if st.get("mbu_suspect") else _pct(st["mbu_mean"])
@@ -286,8 +273,11 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
             f"  {phase:8}{_f(st['steps'], '{}'):>8}{_f(st['step_ms_p50']):>10}{_f(st['step_ms_mean']):>10}"
             f"{mbu:>9}{mfu:>9}"
         )
-        suspects += [f"  warning: {phase}: {st[k]}. The peak in use: {peak} ({fl.get('hardware')})."
-                     for k, peak in peaks.items() if st.get(k)]
+        suspects += [
+            f"  warning: {phase}: {st[k]}. The peak in use: {peak} ({fl.get('hardware')})."
+            for k, peak in peaks.items()
+            if st.get(k)
+        ]
     lines += suspects
     dec = r["steps"]["decode"]
     lines.append(f"  decode batch: mean {_f(dec.get('batch_mean'), '{:.1f}')}, max {_f(dec.get('batch_max'), '{}')}")
@@ -318,8 +308,10 @@ def format_report(r: Mapping[str, Any], *, serving: bool = False) -> str:
             if ratio >= 1:
                 lines.append(f"  measured decode step is {ratio:.1f}x its floor")
             else:  # faster than the floor: impossible, so one of the two numbers is wrong
-                lines.append(f"  measured decode step is faster than its floor ({ratio:.2f}x), which is impossible:"
-                             " the peak bandwidth or the measurement is wrong")
+                lines.append(
+                    f"  measured decode step is faster than its floor ({ratio:.2f}x), which is impossible:"
+                    " the peak bandwidth or the measurement is wrong"
+                )
     else:
         lines.append("  (no hardware spec: floors, MBU and MFU are off)")
     lines.append("")

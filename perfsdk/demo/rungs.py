@@ -108,8 +108,10 @@ def resolve_engine(name: str, device: str, size: str | None = None) -> str:
 def skip_reason(name: str, device: str) -> str | None:
     """Why the ladder skips rung *name* on *device* by default, or None when it runs there."""
     if name == "compile" and not device.startswith("cuda"):
-        return ("torch.compile builds C++ kernels for a CPU (minutes on two cores) and this rung is about "
-                "fusing GPU kernels; ask for it with --rungs to run it anyway")
+        return (
+            "torch.compile builds C++ kernels for a CPU (minutes on two cores) and this rung is about "
+            "fusing GPU kernels; ask for it with --rungs to run it anyway"
+        )
     return None
 
 
@@ -150,8 +152,9 @@ def build_engine(
     if name == "int8":
         prepare_model(model, name, int8_kernel=int8_kernel)
         compiled = model.device.type == "cuda" if compile_int8 is None else compile_int8
-        return GraphEngine(model, monitor=monitor, seed=seed, compile=compiled, int8_kernel=int8_kernel,
-                           attention=attention)
+        return GraphEngine(
+            model, monitor=monitor, seed=seed, compile=compiled, int8_kernel=int8_kernel, attention=attention
+        )
     if is_quantized(model):
         raise ConfigError(f"engine {name!r}: the model is already int8; build a fresh model for a bf16 rung")
     if name == "eager":

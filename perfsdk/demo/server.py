@@ -118,7 +118,7 @@ def _check_text(body: dict[str, Any]) -> None:
         try:
             json.dumps({key: value}, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as e:
-            bad = e.object[e.start:e.end] if isinstance(e.object, str) else ""
+            bad = e.object[e.start : e.end] if isinstance(e.object, str) else ""
             where = ascii(bad) if bad else "a character"
             param = key if key.isascii() and key.isprintable() else None
             raise _BadRequest(f"{key!a} holds {where}, a lone surrogate: not valid Unicode text", param) from None
@@ -153,10 +153,7 @@ def _sampling(body: dict[str, Any], *, chat: bool) -> SamplingParams:
     _bool_field(body, "stream")
     try:
         return SamplingParams(
-            max_tokens=16 if max_tokens is None else max_tokens,
-            temperature=t,
-            seed=seed,
-            ignore_eos=ignore_eos,
+            max_tokens=16 if max_tokens is None else max_tokens, temperature=t, seed=seed, ignore_eos=ignore_eos
         )
     except ConfigError as e:  # the engine's own checks; the API's above are at least as strict
         raise _BadRequest(str(e), str(e).split(" ", 1)[0]) from None
@@ -229,8 +226,9 @@ def create_app(
             except ValueError:
                 raise _BadRequest("the Content-Length header is not a number") from None
             if size > max_body_bytes:
-                raise _BadRequest(f"the request body ({size} bytes) exceeds the limit of {max_body_bytes} bytes",
-                                  status=413)
+                raise _BadRequest(
+                    f"the request body ({size} bytes) exceeds the limit of {max_body_bytes} bytes", status=413
+                )
         # ... then while reading (a chunked body has no Content-Length)
         chunks: list[bytes] = []
         total = 0
@@ -243,9 +241,10 @@ def create_app(
         try:
             body = json.loads(raw)
         except UnicodeDecodeError as e:  # e.object: the bytes decoded (after a byte-order mark, if any)
-            bad = e.object[e.start:e.start + 1].hex() if isinstance(e.object, bytes) else "?"
-            raise _BadRequest(f"the request body is not UTF-8 text (byte 0x{bad} at offset {e.start}, as "
-                              f"{e.encoding})") from None
+            bad = e.object[e.start : e.start + 1].hex() if isinstance(e.object, bytes) else "?"
+            raise _BadRequest(
+                f"the request body is not UTF-8 text (byte 0x{bad} at offset {e.start}, as {e.encoding})"
+            ) from None
         except json.JSONDecodeError:
             raise _BadRequest("the request body is not valid JSON") from None
         except RecursionError:  # [[[[...]]]] deeper than the parser's recursion limit
@@ -255,8 +254,9 @@ def create_app(
         _check_text(body)
         model = body.get("model")
         if model is not None and model != model_name:
-            raise _BadRequest(f"The model `{_clip(model)}` does not exist; this server has `{model_name}`.",
-                              "model", 404)
+            raise _BadRequest(
+                f"The model `{_clip(model)}` does not exist; this server has `{model_name}`.", "model", 404
+            )
         return body
 
     def submit(text: str, params: SamplingParams) -> GenerationHandle:
@@ -300,8 +300,10 @@ def create_app(
     def _unauthorized(request: Request) -> JSONResponse | None:
         if endpoint.bearer_ok(profile_token, request.headers.get("authorization")):
             return None
-        return _error(f"missing or wrong bearer token: POST and DELETE {profile_path} need "
-                      "'Authorization: Bearer <token>'", status=401)
+        return _error(
+            f"missing or wrong bearer token: POST and DELETE {profile_path} need 'Authorization: Bearer <token>'",
+            status=401,
+        )
 
     @app.get("/debug/profile")
     async def profile_status() -> Response:
@@ -391,11 +393,7 @@ def create_app(
 
 def _usage(handle: GenerationHandle) -> dict[str, int]:
     n = len(handle.output_ids)
-    return {
-        "prompt_tokens": handle.prompt_tokens,
-        "completion_tokens": n,
-        "total_tokens": handle.prompt_tokens + n,
-    }
+    return {"prompt_tokens": handle.prompt_tokens, "completion_tokens": n, "total_tokens": handle.prompt_tokens + n}
 
 
 async def _stream_events(
@@ -405,14 +403,7 @@ async def _stream_events(
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
-        payload = {
-            "id": rid,
-            "object": obj,
-            "created": created,
-            "model": model,
-            "choices": choices,
-            "usage": usage,
-        }
+        payload = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, "usage": usage}
         return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
     def choice(text: str, reason: str | None, first: bool) -> dict[str, Any]:

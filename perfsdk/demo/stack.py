@@ -213,9 +213,14 @@ def start_demo(
     from perfsdk.demo.server import DemoServer, create_app
     from perfsdk.profiling.endpoint import check_bind
 
-    check_bind(host, profile_token, "--host", "the demo",
-               "a token for POST and DELETE /debug/profile (the profiler trigger): pass --token or set "
-               "PERFSDK_PROFILE_TOKEN, or bind 127.0.0.1")
+    check_bind(
+        host,
+        profile_token,
+        "--host",
+        "the demo",
+        "a token for POST and DELETE /debug/profile (the profiler trigger): pass --token or set "
+        "PERFSDK_PROFILE_TOKEN, or bind 127.0.0.1",
+    )
     dev = resolve_device(device)
     if model is None:
         size = size or default_size(dev)
@@ -237,8 +242,9 @@ def start_demo(
     if instrument:
         hw, hw_note = _hardware(dev, calibrate)
         mon = _monitor(spec, hw, model_name, profile_dir)
-    eng = build_engine(model, rung, monitor=mon, seed=seed, compile_int8=compile_int8, int8_kernel=int8_kernel,
-                       attention=attention)
+    eng = build_engine(
+        model, rung, monitor=mon, seed=seed, compile_int8=compile_int8, int8_kernel=int8_kernel, attention=attention
+    )
     eng.warm_up()
     build_s = time.perf_counter() - t0
     if getattr(eng, "cuda_graphs", False) is False and rung != "eager" and not dev.startswith("cuda"):

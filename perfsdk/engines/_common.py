@@ -70,8 +70,11 @@ def enter_step(mon: Monitor, shape: StepShape) -> Any:
     elif phase == "mixed":
         # the chunks' cached prefix is read like decode context (perfsdk's mixed step has no per-chunk
         # prefix): its bytes are exact, its attention FLOPs an undercount
-        step = mon.mixed(prefill_seq_lens=list(shape.prefill_lens), decode_batch=shape.decode_tokens,
-                         context_tokens=shape.decode_context + shape.prefill_cached)
+        step = mon.mixed(
+            prefill_seq_lens=list(shape.prefill_lens),
+            decode_batch=shape.decode_tokens,
+            context_tokens=shape.decode_context + shape.prefill_cached,
+        )
     else:
         return None
     step.__enter__()
@@ -138,8 +141,16 @@ _LOCK = threading.Lock()
 _MONITORS: dict[tuple[Any, ...], Monitor] = {}  # (pid, engine, model, name, rank): a fork makes its own
 
 
-def process_monitor(engine: str, model: ModelSpec | None, name: str | None, hardware: HardwareSpec | str | None,
-                    *, port_offset: int, rank: int | None = None, profiler: bool = True) -> Monitor:
+def process_monitor(
+    engine: str,
+    model: ModelSpec | None,
+    name: str | None,
+    hardware: HardwareSpec | str | None,
+    *,
+    port_offset: int,
+    rank: int | None = None,
+    profiler: bool = True,
+) -> Monitor:
     """This process's Monitor for *engine*'s *model* at *rank*, made on first use, then shared.
 
     Per process (a forked child makes its own, for its rank and port; the one it inherited keeps working there, idle).
@@ -169,22 +180,35 @@ def _export(mon: Monitor, engine: str, offset: int, rank: int, export: tuple[boo
     served = None
     if port is not None:
         try:
-            served = mon.serve_metrics(port=port + offset,
-                                       addr=env("PERFSDK_METRICS_ADDR") or "127.0.0.1").url
+            served = mon.serve_metrics(port=port + offset, addr=env("PERFSDK_METRICS_ADDR") or "127.0.0.1").url
         except Exception as e:
             log.warning("perfsdk: %s rank %d cannot serve its metrics: %s", engine, rank, e)
     if multiproc or served:
-        where = " and ".join(w for w in ("PROMETHEUS_MULTIPROC_DIR (the server's /metrics)" if multiproc else "",
-                                         f"{served}/metrics" if served else "") if w)
+        where = " and ".join(
+            w
+            for w in (
+                "PROMETHEUS_MULTIPROC_DIR (the server's /metrics)" if multiproc else "",
+                f"{served}/metrics" if served else "",
+            )
+            if w
+        )
         log.info("perfsdk: %s rank %d: step metrics in %s", engine, rank, where)
     elif os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        log.warning("perfsdk: %s rank %d: PROMETHEUS_MULTIPROC_DIR was set after this process imported "
-                    "prometheus_client, so its step metrics reach no /metrics; set it before the server starts "
-                    "(or set PERFSDK_METRICS_PORT)", engine, rank)
+        log.warning(
+            "perfsdk: %s rank %d: PROMETHEUS_MULTIPROC_DIR was set after this process imported "
+            "prometheus_client, so its step metrics reach no /metrics; set it before the server starts "
+            "(or set PERFSDK_METRICS_PORT)",
+            engine,
+            rank,
+        )
     else:
-        log.warning("perfsdk: %s rank %d measures its steps but nothing exports them: set "
-                    "PROMETHEUS_MULTIPROC_DIR to an empty directory before the server starts (its /metrics then "
-                    "carries them) or PERFSDK_METRICS_PORT=P (a port per rank)", engine, rank)
+        log.warning(
+            "perfsdk: %s rank %d measures its steps but nothing exports them: set "
+            "PROMETHEUS_MULTIPROC_DIR to an empty directory before the server starts (its /metrics then "
+            "carries them) or PERFSDK_METRICS_PORT=P (a port per rank)",
+            engine,
+            rank,
+        )
 
 
 def _profiler(mon: Monitor) -> None:
@@ -192,8 +216,11 @@ def _profiler(mon: Monitor) -> None:
     if mode in ("", "0", "off", "false", "no"):
         return
     try:
-        mon.enable_profiler(mode=mode, directory=env("PERFSDK_PROFILE_DIR") or "./perfsdk-traces",
-                            signal=threading.current_thread() is threading.main_thread())
+        mon.enable_profiler(
+            mode=mode,
+            directory=env("PERFSDK_PROFILE_DIR") or "./perfsdk-traces",
+            signal=threading.current_thread() is threading.main_thread(),
+        )
     except Exception as e:
         log.warning("perfsdk: profiler window not enabled in this process: %s", e)
 

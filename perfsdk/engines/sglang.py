@@ -79,16 +79,29 @@ def step_from_fpm(msg: Mapping[str, Any]) -> tuple[str, float, dict[str, Any]] |
     decode_reqs = int(s.get("num_decode_requests", 0))
     decode_ctx = int(s.get("sum_decode_kv_tokens", 0))
     if prefill_tokens and decode_reqs:
-        return "mixed", float(seconds), {"batch": decode_reqs, "context_tokens": decode_ctx + prefix_tokens,
-                                         "seq_lens": split_evenly(prefill_tokens, prefill_reqs)}
+        return (
+            "mixed",
+            float(seconds),
+            {
+                "batch": decode_reqs,
+                "context_tokens": decode_ctx + prefix_tokens,
+                "seq_lens": split_evenly(prefill_tokens, prefill_reqs),
+            },
+        )
     if prefill_tokens:
-        return "prefill", float(seconds), {"batch": max(prefill_reqs, 1), "tokens": prefill_tokens,
-                                           "context_tokens": prefix_tokens,
-                                           "seq_lens": split_evenly(prefill_tokens, prefill_reqs)}
+        return (
+            "prefill",
+            float(seconds),
+            {
+                "batch": max(prefill_reqs, 1),
+                "tokens": prefill_tokens,
+                "context_tokens": prefix_tokens,
+                "seq_lens": split_evenly(prefill_tokens, prefill_reqs),
+            },
+        )
     if decode_reqs:
         return "decode", float(seconds), {"batch": decode_reqs, "context_tokens": decode_ctx}
     return None
-
 
 
 def _zmq_msgspec() -> tuple[Any, Any]:

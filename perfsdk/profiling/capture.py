@@ -93,8 +93,9 @@ class TorchSession(Session):
     mode = "torch"
     writes_trace = True
 
-    def __init__(self, *, wait: int, warmup: int, active: int, record_shapes: bool, with_stack: bool,
-                 profile_memory: bool) -> None:
+    def __init__(
+        self, *, wait: int, warmup: int, active: int, record_shapes: bool, with_stack: bool, profile_memory: bool
+    ) -> None:
         super().__init__(wait + warmup + active)
         self._schedule = (wait, warmup, active)
         self._options = (record_shapes, with_stack, profile_memory)
@@ -112,10 +113,14 @@ class TorchSession(Session):
             activities.append(tp.ProfilerActivity.CUDA)
         wait, warmup, active = self._schedule
         shapes, stack, memory = self._options
-        prof = tp.profile(activities=activities,
-                          schedule=tp.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                          on_trace_ready=_keep_in_memory, record_shapes=shapes, with_stack=stack,
-                          profile_memory=memory)
+        prof = tp.profile(
+            activities=activities,
+            schedule=tp.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+            on_trace_ready=_keep_in_memory,
+            record_shapes=shapes,
+            with_stack=stack,
+            profile_memory=memory,
+        )
         self._record_function = tp.record_function
         prof.start()
         self._prof = prof
@@ -266,10 +271,11 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Mapping[str, Any]) -> N
 def prune(directory: str | os.PathLike[str], keep: int) -> list[str]:
     """Delete all but the newest *keep* perfsdk traces in *directory* (with their diagnoses)."""
     d = Path(directory)
-    traces = sorted((p for p in d.glob(f"perfsdk-*{TRACE_SUFFIX}") if p.is_file()),
-                    key=lambda p: (p.stat().st_mtime_ns, p.name))
+    traces = sorted(
+        (p for p in d.glob(f"perfsdk-*{TRACE_SUFFIX}") if p.is_file()), key=lambda p: (p.stat().st_mtime_ns, p.name)
+    )
     removed: list[str] = []
-    for p in traces[:max(0, len(traces) - keep)]:
+    for p in traces[: max(0, len(traces) - keep)]:
         for victim in (p, Path(diagnosis_path(p))):
             try:
                 victim.unlink()
@@ -304,5 +310,7 @@ def verdict(diagnosis: Mapping[str, Any], trace: str, steady: bool) -> str:
         return f"perfsdk profile: no finding above thresholds{busy_txt}{inflation}{where}{note}; trace: {trace}"
     top = findings[0]
     advice = str(top.get("suggestion", "")).split(". ")[0].rstrip(".")
-    return (f"perfsdk profile: {top.get('kind')} ({float(top.get('share', 0.0)):.0%} {basis}{busy_txt}{inflation})"
-            f" -> {advice}{note}; trace: {trace}")
+    return (
+        f"perfsdk profile: {top.get('kind')} ({float(top.get('share', 0.0)):.0%} {basis}{busy_txt}{inflation})"
+        f" -> {advice}{note}; trace: {trace}"
+    )

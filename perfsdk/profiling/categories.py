@@ -21,38 +21,50 @@ import re
 
 __all__ = ["CATEGORIES", "categorize", "categorize_cpu_op"]
 
-CATEGORIES: tuple[str, ...] = (
-    "gemm",
-    "attention",
-    "normalization",
-    "elementwise",
-    "communication",
-    "memcpy",
-    "other",
-)
+CATEGORIES: tuple[str, ...] = ("gemm", "attention", "normalization", "elementwise", "communication", "memcpy", "other")
 
 # (category, pattern) checked top to bottom; first match wins.
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # random-number kernels ("normal_kernel") must not read as normalisation
     ("other", re.compile(r"distribution_|normal_kernel|uniform_kernel|philox|randperm", re.I)),
     # NCCL, vLLM/SGLang custom all-reduce, symmetric-memory and NVSHMEM collectives
-    ("communication", re.compile(
-        r"nccl|all_?reduce|allgather|all_gather|reduce_?scatter|alltoall|all_to_all|cross_device_reduce"
-        r"|one_shot|two_shot|multimem|nvshmem|custom_ar|sendrecv", re.I)),
+    (
+        "communication",
+        re.compile(
+            r"nccl|all_?reduce|allgather|all_gather|reduce_?scatter|alltoall|all_to_all|cross_device_reduce"
+            r"|one_shot|two_shot|multimem|nvshmem|custom_ar|sendrecv",
+            re.I,
+        ),
+    ),
     # before gemm: FlashAttention/xformers kernels are CUTLASS templates
-    ("attention", re.compile(
-        r"flash|fmha|attention|attn|paged_?kv|\bmha|sdpa|mla_|decode_?kernel|prefill_?kernel"
-        r"|cutlass_?mla|flashinfer", re.I)),
+    (
+        "attention",
+        re.compile(
+            r"flash|fmha|attention|attn|paged_?kv|\bmha|sdpa|mla_|decode_?kernel|prefill_?kernel"
+            r"|cutlass_?mla|flashinfer",
+            re.I,
+        ),
+    ),
     # before elementwise: layer-norm kernels are "vectorized_layer_norm_kernel"
     ("normalization", re.compile(r"norm|RowwiseMoments|welford", re.I)),
     # cuBLAS/cuBLASLt (nvjet is Hopper's JIT GEMM family), CUTLASS, Triton and quantised GEMMs
-    ("gemm", re.compile(
-        r"gemm|gemv|nvjet|cutlass|cublas|xmma|wgmma|splitk|matmul|_mm_|triton_mm|scaled_mm"
-        r"|marlin|machete|awq|gptq|sm\d\d_xmma|ampere_(?:bf16|fp16|sgemm|h\d+)|dot_kernel", re.I)),
+    (
+        "gemm",
+        re.compile(
+            r"gemm|gemv|nvjet|cutlass|cublas|xmma|wgmma|splitk|matmul|_mm_|triton_mm|scaled_mm"
+            r"|marlin|machete|awq|gptq|sm\d\d_xmma|ampere_(?:bf16|fp16|sgemm|h\d+)|dot_kernel",
+            re.I,
+        ),
+    ),
     # eager PyTorch pointwise kernels, fused activations, rotary, Triton pointwise (triton_poi_)
-    ("elementwise", re.compile(
-        r"elementwise|silu|gelu|relu|swiglu|act_and_mul|sigmoid|tanh|rotary|rope|triton_poi|pointwise"
-        r"|direct_copy|copy_kernel|add_kernel|mul_kernel|fill_kernel", re.I)),
+    (
+        "elementwise",
+        re.compile(
+            r"elementwise|silu|gelu|relu|swiglu|act_and_mul|sigmoid|tanh|rotary|rope|triton_poi|pointwise"
+            r"|direct_copy|copy_kernel|add_kernel|mul_kernel|fill_kernel",
+            re.I,
+        ),
+    ),
 )
 
 
@@ -76,9 +88,14 @@ _CPU_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("gemm", re.compile(r"^aten::(?:mm|addmm|bmm|baddbmm|matmul|linear|_addmm_activation|dot|mv)$", re.I)),
     ("memcpy", re.compile(r"^aten::(?:copy_|to|_to_copy|cat|index_copy_|index_put_|contiguous|clone)$", re.I)),
     ("communication", re.compile(r"c10d::|all_?reduce|allgather|broadcast", re.I)),
-    ("elementwise", re.compile(
-        r"^aten::(?:add|add_|sub|mul|mul_|div|silu|gelu|relu|sigmoid|tanh|exp|pow|rsqrt|sqrt|neg|where"
-        r"|mean|sum|argmax|max|cos|sin|embedding|index_select|masked_fill|fill_|zero_)$", re.I)),
+    (
+        "elementwise",
+        re.compile(
+            r"^aten::(?:add|add_|sub|mul|mul_|div|silu|gelu|relu|sigmoid|tanh|exp|pow|rsqrt|sqrt|neg|where"
+            r"|mean|sum|argmax|max|cos|sin|embedding|index_select|masked_fill|fill_|zero_)$",
+            re.I,
+        ),
+    ),
 )
 
 

@@ -51,18 +51,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfsdk.errors import ConfigError
-from perfsdk.profiling.analyze import (
-    COMM_BOUND_MIN_SHARE,
-    Diagnosis,
-    Finding,
-    StepStats,
-    analyze_trace,
-    findings_lines,
-)
+from perfsdk.profiling.analyze import COMM_BOUND_MIN_SHARE, Diagnosis, Finding, StepStats, analyze_trace, findings_lines
 from perfsdk.profiling.trace_events import DEFAULT_MAX_BYTES
 
-__all__ = ["STRAGGLER_MIN_STEP_SHARE", "STRAGGLER_MIN_WAIT_SHARE", "RankComparison", "RankStats", "analyze_ranks",
-           "compare_ranks"]
+__all__ = [
+    "STRAGGLER_MIN_STEP_SHARE",
+    "STRAGGLER_MIN_WAIT_SHARE",
+    "RankComparison",
+    "RankStats",
+    "analyze_ranks",
+    "compare_ranks",
+]
 
 # The largest wait of any rank for the slowest one, as a share of step time, from which the slowest
 # rank is named a straggler. Ranks of a healthy group reach each collective within launch jitter of
@@ -104,11 +103,18 @@ class RankStats:
         return self.wait_us / self.step_us if self.step_us > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "trace": self.source, "steps": self.steps,
-                "step_us": round(self.step_us, 2), "outside_collectives_us": round(self.outside_us, 2),
-                "collectives_us": round(self.comm_us, 2), "collectives_share": round(self.comm_share, 4),
-                "wait_us": round(self.wait_us, 2), "wait_share": round(self.wait_share, 4),
-                "straggler_steps": self.straggler_steps}
+        return {
+            "rank": self.rank,
+            "trace": self.source,
+            "steps": self.steps,
+            "step_us": round(self.step_us, 2),
+            "outside_collectives_us": round(self.outside_us, 2),
+            "collectives_us": round(self.comm_us, 2),
+            "collectives_share": round(self.comm_share, 4),
+            "wait_us": round(self.wait_us, 2),
+            "wait_share": round(self.wait_share, 4),
+            "straggler_steps": self.straggler_steps,
+        }
 
 
 @dataclass
@@ -128,25 +134,39 @@ class RankComparison:
         raise KeyError(r)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"straggler": self.straggler, "transfer_us": round(self.transfer_us, 2),
-                "ranks": [r.to_dict() for r in self.ranks], "findings": [f.to_dict() for f in self.findings],
-                "notes": list(self.notes)}
+        return {
+            "straggler": self.straggler,
+            "transfer_us": round(self.transfer_us, 2),
+            "ranks": [r.to_dict() for r in self.ranks],
+            "findings": [f.to_dict() for f in self.findings],
+            "notes": list(self.notes),
+        }
 
     def format_report(self) -> str:
         steps = {r.steps for r in self.ranks}
-        count = f"{steps.pop()} steps each" if len(steps) == 1 else "steps " + "/".join(
-            str(r.steps) for r in self.ranks)
-        lines = [f"ranks: {len(self.ranks)} traces, {count}",
-                 "  rank   step ms  outside coll. ms  in coll. ms  share   waits ms"]
+        count = (
+            f"{steps.pop()} steps each" if len(steps) == 1 else "steps " + "/".join(str(r.steps) for r in self.ranks)
+        )
+        lines = [
+            f"ranks: {len(self.ranks)} traces, {count}",
+            "  rank   step ms  outside coll. ms  in coll. ms  share   waits ms",
+        ]
         for r in self.ranks:
             waiting = r.rank != self.straggler and r.wait_us > 0
             waits = f"{r.wait_us / 1000:.3f} ({r.wait_share:.0%})" if waiting else "-"
             mark = "  <- straggler" if r.rank == self.straggler else ""
-            lines.append(f"  {r.rank:>4}  {r.step_us / 1000:8.3f}  {r.outside_us / 1000:16.3f}  "
-                         f"{r.comm_us / 1000:11.3f}  {r.comm_share:5.0%}  {waits}{mark}")
+            lines.append(
+                f"  {r.rank:>4}  {r.step_us / 1000:8.3f}  {r.outside_us / 1000:16.3f}  "
+                f"{r.comm_us / 1000:11.3f}  {r.comm_share:5.0%}  {waits}{mark}"
+            )
         lines.extend(f"  note: {n}" for n in self.notes)
-        lines.extend(findings_lines(self.findings, "none above thresholds (no straggler; collectives below "
-                                    f"{COMM_BOUND_MIN_SHARE:.0%} of a step on the least-waiting rank)"))
+        lines.extend(
+            findings_lines(
+                self.findings,
+                "none above thresholds (no straggler; collectives below "
+                f"{COMM_BOUND_MIN_SHARE:.0%} of a step on the least-waiting rank)",
+            )
+        )
         return "\n".join(lines)
 
 
@@ -177,8 +197,10 @@ def _rank_ids(diagnoses: Sequence[Diagnosis], ranks: Sequence[int] | None) -> li
             ids.append(r)
     dup = sorted({r for r in ids if ids.count(r) > 1})
     if dup:
-        raise ConfigError(f"traces: more than one trace of rank {dup[0]} "
-                          f"({', '.join(d.source for d, r in zip(diagnoses, ids, strict=True) if r == dup[0])})")
+        raise ConfigError(
+            f"traces: more than one trace of rank {dup[0]} "
+            f"({', '.join(d.source for d, r in zip(diagnoses, ids, strict=True) if r == dup[0])})"
+        )
     return ids
 
 
@@ -198,10 +220,14 @@ def compare_ranks(diagnoses: Sequence[Diagnosis], ranks: Sequence[int] | None = 
     counts = [len(s) for s in per_rank]
     aligned = len(set(counts)) == 1
     if not aligned:
-        notes.append("the traces hold different numbers of steps; comparing means over each trace's steps "
-                     "(capture the same steps on every rank: mon.profile(steps=N, steady=False) at the same step)")
-    means = [(statistics.fmean(_step_us(d, s) for s in steps), statistics.fmean(_comm_us(d, s) for s in steps))
-             for d, steps in zip(diagnoses, per_rank, strict=True)]
+        notes.append(
+            "the traces hold different numbers of steps; comparing means over each trace's steps "
+            "(capture the same steps on every rank: mon.profile(steps=N, steady=False) at the same step)"
+        )
+    means = [
+        (statistics.fmean(_step_us(d, s) for s in steps), statistics.fmean(_comm_us(d, s) for s in steps))
+        for d, steps in zip(diagnoses, per_rank, strict=True)
+    ]
     transfer = min(c for _, c in means)
     least = [0] * len(diagnoses)
     if aligned:  # step by step: who waited least in each step (a tie credits nobody: nobody waited)
@@ -210,9 +236,18 @@ def compare_ranks(diagnoses: Sequence[Diagnosis], ranks: Sequence[int] | None = 
             low = min(comms)
             if comms.count(low) == 1:
                 least[comms.index(low)] += 1
-    stats = [RankStats(rank=r, source=d.source, steps=len(steps), step_us=step, comm_us=comm,
-                       wait_us=comm - transfer, straggler_steps=n)
-             for d, steps, r, (step, comm), n in zip(diagnoses, per_rank, ids, means, least, strict=True)]
+    stats = [
+        RankStats(
+            rank=r,
+            source=d.source,
+            steps=len(steps),
+            step_us=step,
+            comm_us=comm,
+            wait_us=comm - transfer,
+            straggler_steps=n,
+        )
+        for d, steps, r, (step, comm), n in zip(diagnoses, per_rank, ids, means, least, strict=True)
+    ]
     order = sorted(range(len(stats)), key=lambda i: stats[i].rank)
     stats = [stats[i] for i in order]
     group_step = statistics.fmean(s.step_us for s in stats)
@@ -222,41 +257,54 @@ def compare_ranks(diagnoses: Sequence[Diagnosis], ranks: Sequence[int] | None = 
     straggler = None
     consistent = not aligned or slowest.straggler_steps >= STRAGGLER_MIN_STEP_SHARE * slowest.steps
     if group_step > 0 and worst_wait / group_step >= STRAGGLER_MIN_WAIT_SHARE and not consistent:
-        notes.append(f"ranks wait up to {worst_wait / group_step:.0%} of a step for each other, but no rank arrived "
-                     f"last in {STRAGGLER_MIN_STEP_SHARE:.0%} of the steps (rank {slowest.rank}: "
-                     f"{slowest.straggler_steps} of {slowest.steps}): one-off hiccups, not a straggler")
+        notes.append(
+            f"ranks wait up to {worst_wait / group_step:.0%} of a step for each other, but no rank arrived "
+            f"last in {STRAGGLER_MIN_STEP_SHARE:.0%} of the steps (rank {slowest.rank}: "
+            f"{slowest.straggler_steps} of {slowest.steps}): one-off hiccups, not a straggler"
+        )
     if group_step > 0 and worst_wait / group_step >= STRAGGLER_MIN_WAIT_SHARE and consistent:
         straggler = slowest.rank
         others = [s for s in stats if s.rank != straggler]
         outside = statistics.fmean(s.outside_us for s in others)
         waits = ", ".join(f"rank {s.rank} {s.wait_us / 1000:.3f} ms ({s.wait_share:.0%})" for s in others)
-        consistency = (f"; it arrived last in {slowest.straggler_steps} of {slowest.steps} steps"
-                       if aligned else "")
-        findings.append(Finding(
-            "straggler", worst_wait / group_step,
-            f"rank {straggler} spends {slowest.outside_us / 1000:.3f} ms per step outside collectives against "
-            f"{outside / 1000:.3f} ms on the other ranks, which wait for it in collectives: {waits} per step"
-            f"{consistency}",
-            f"Find what rank {straggler} does that the others do not: extra host work on that rank (sampling, "
-            "scheduling, logging, a host sync), a slower or throttled GPU (nvidia-smi -q -d CLOCK,PERFORMANCE,"
-            "TEMPERATURE; compare its clocks and power with the others'), or an uneven shard. The other ranks' "
-            "time in collectives is waiting, not transfer: a faster interconnect would not win it back."))
+        consistency = f"; it arrived last in {slowest.straggler_steps} of {slowest.steps} steps" if aligned else ""
+        findings.append(
+            Finding(
+                "straggler",
+                worst_wait / group_step,
+                f"rank {straggler} spends {slowest.outside_us / 1000:.3f} ms per step outside collectives against "
+                f"{outside / 1000:.3f} ms on the other ranks, which wait for it in collectives: {waits} per step"
+                f"{consistency}",
+                f"Find what rank {straggler} does that the others do not: extra host work on that rank (sampling, "
+                "scheduling, logging, a host sync), a slower or throttled GPU (nvidia-smi -q -d CLOCK,PERFORMANCE,"
+                "TEMPERATURE; compare its clocks and power with the others'), or an uneven shard. The other ranks' "
+                "time in collectives is waiting, not transfer: a faster interconnect would not win it back.",
+            )
+        )
     transfer_share = transfer / group_step if group_step > 0 else 0.0
     if transfer_share >= COMM_BOUND_MIN_SHARE:
-        findings.append(Finding(
-            "communication_bound", transfer_share,
-            f"even the rank that waits least spends {transfer_share:.0%} of its step ({transfer / 1000:.3f} ms) "
-            "in collectives: that is transfer, not waiting for a straggler",
-            "Overlap communication with compute (async collectives, a separate stream), send fewer and larger "
-            "all-reduces (fuse them), use the engine's custom all-reduce for small messages, or lower the "
-            "tensor-parallel degree."))
+        findings.append(
+            Finding(
+                "communication_bound",
+                transfer_share,
+                f"even the rank that waits least spends {transfer_share:.0%} of its step ({transfer / 1000:.3f} ms) "
+                "in collectives: that is transfer, not waiting for a straggler",
+                "Overlap communication with compute (async collectives, a separate stream), send fewer and larger "
+                "all-reduces (fuse them), use the engine's custom all-reduce for small messages, or lower the "
+                "tensor-parallel degree.",
+            )
+        )
     findings.sort(key=lambda f: -f.share)
     return RankComparison(ranks=stats, straggler=straggler, transfer_us=transfer, findings=findings, notes=notes)
 
 
-def analyze_ranks(sources: Sequence[str | os.PathLike[str]], *, step_pattern: str | None = None,
-                  ranks: Sequence[int] | None = None,
-                  max_bytes: int | None = DEFAULT_MAX_BYTES) -> tuple[list[Diagnosis], RankComparison]:
+def analyze_ranks(
+    sources: Sequence[str | os.PathLike[str]],
+    *,
+    step_pattern: str | None = None,
+    ranks: Sequence[int] | None = None,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+) -> tuple[list[Diagnosis], RankComparison]:
     """Diagnose one trace per rank (:func:`~perfsdk.profiling.analyze.analyze_trace`) and compare them."""
     diagnoses = [analyze_trace(s, step_pattern=step_pattern, max_bytes=max_bytes) for s in sources]
     return diagnoses, compare_ranks(diagnoses, ranks)

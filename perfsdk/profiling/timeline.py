@@ -185,9 +185,7 @@ def _gpu_side(trace: Trace, steps: list[StepStats], step_ops: list[list[Event]],
         st.kernels = len(kernel_durs)
         st.kernel_median_us = statistics.median(kernel_durs) if kernel_durs else None
         st.kernel_tally = tally_kernels(
-            trace,
-            (op for op in mine if op.cat == "kernel" and categorize(op.name, op.cat) != "communication"),
-            shapes,
+            trace, (op for op in mine if op.cat == "kernel" and categorize(op.name, op.cat) != "communication"), shapes
         )
 
 

@@ -28,8 +28,13 @@ from perfsdk.profiling.trace_events import Trace
 __all__ = ["plot_timeline"]
 
 _CATEGORY_COLORS = {
-    "gemm": "#1f77b4", "attention": "#9467bd", "normalization": "#2ca02c", "elementwise": "#17becf",
-    "communication": "#e377c2", "memcpy": "#8c564b", "other": "#7f7f7f",
+    "gemm": "#1f77b4",
+    "attention": "#9467bd",
+    "normalization": "#2ca02c",
+    "elementwise": "#17becf",
+    "communication": "#e377c2",
+    "memcpy": "#8c564b",
+    "other": "#7f7f7f",
 }
 _GAP_COLORS = {"launch_wait": "#d62728", "after_sync": "#ff7f0e", "other": "#bbbbbb"}
 
@@ -42,8 +47,9 @@ def _pick_step(diag: Diagnosis, step: int | None) -> int:
         med = statistics.median_low([s.gpu_window_us for s in with_gpu])
         return next(s.index for s in with_gpu if s.gpu_window_us == med)
     if not 0 <= step < len(diag.steps) or diag.steps[step].gpu_window_us <= 0:
-        raise ConfigError(f"step: {step} is not a step with GPU work (steps with GPU work: "
-                          f"{[s.index for s in with_gpu]})")
+        raise ConfigError(
+            f"step: {step} is not a step with GPU work (steps with GPU work: {[s.index for s in with_gpu]})"
+        )
     return step
 
 
@@ -82,28 +88,41 @@ def plot_timeline(
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.5 * (len(streams) + 1)))
     for g in diag.gaps:
         if g.end > t0 and g.start < t1:
-            ax.axvspan((max(g.start, t0) - t0) / 1e3, (min(g.end, t1) - t0) / 1e3,
-                       color=_GAP_COLORS[g.reason], alpha=0.35, lw=0)
+            ax.axvspan(
+                (max(g.start, t0) - t0) / 1e3,
+                (min(g.end, t1) - t0) / 1e3,
+                color=_GAP_COLORS[g.reason],
+                alpha=0.35,
+                lw=0,
+            )
     for o in ops:
         y = rows[o.stream if o.stream is not None else -1]
-        ax.broken_barh([((o.ts - t0) / 1e3, max(o.dur, 0.05) / 1e3)], (y - 0.4, 0.8),
-                       color=_CATEGORY_COLORS[categorize(o.name, o.cat)], lw=0)
+        ax.broken_barh(
+            [((o.ts - t0) / 1e3, max(o.dur, 0.05) / 1e3)],
+            (y - 0.4, 0.8),
+            color=_CATEGORY_COLORS[categorize(o.name, o.cat)],
+            lw=0,
+        )
     if launches:
-        ax.broken_barh([((c.ts - t0) / 1e3, max(c.dur, 0.05) / 1e3) for c in launches],
-                       (host_row - 0.4, 0.8), color="#444444", lw=0)
+        ax.broken_barh(
+            [((c.ts - t0) / 1e3, max(c.dur, 0.05) / 1e3) for c in launches],
+            (host_row - 0.4, 0.8),
+            color="#444444",
+            lw=0,
+        )
     ax.set_yticks(range(host_row + 1))
     ax.set_yticklabels([f"stream {s}" if s >= 0 else "GPU" for s in streams] + ["host CUDA calls"])
     ax.set_xlim(0, (t1 - t0) / 1e3)
     ax.set_xlabel("ms from the step's first GPU op")
     busy = st.gpu_busy_fraction or 0.0
-    ax.set_title(f"{os.path.basename(diag.source)} — step {idx} ({st.name}): GPU busy {busy:.0%}, "
-                 f"waiting for launch {st.idle_launch_wait_us / st.gpu_window_us:.0%}")
+    ax.set_title(
+        f"{os.path.basename(diag.source)} — step {idx} ({st.name}): GPU busy {busy:.0%}, "
+        f"waiting for launch {st.idle_launch_wait_us / st.gpu_window_us:.0%}"
+    )
     used = {categorize(o.name, o.cat) for o in ops}
     handles = [Patch(color=_CATEGORY_COLORS[c], label=c) for c in CATEGORIES if c in used]
-    handles += [Patch(color=_GAP_COLORS[r], alpha=0.35, label=f"idle: {r.replace('_', ' ')}")
-                for r in _GAP_COLORS]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=5, fontsize=8,
-              frameon=False)
+    handles += [Patch(color=_GAP_COLORS[r], alpha=0.35, label=f"idle: {r.replace('_', ' ')}") for r in _GAP_COLORS]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=5, fontsize=8, frameon=False)
     fig.tight_layout()
     out = os.fspath(path)
     fig.savefig(out, dpi=110)

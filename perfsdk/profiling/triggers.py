@@ -41,8 +41,17 @@ __all__ = ["CaptureBudget", "MbuDropDetector", "SignalTrigger"]
 class MbuDropDetector:
     """Rolling decode MBU against its own trailing baseline; see the module docstring."""
 
-    __slots__ = ("_acc", "_baseline", "_n", "_streak", "baseline_windows", "drop", "last_window",
-                 "window_steps", "windows")
+    __slots__ = (
+        "_acc",
+        "_baseline",
+        "_n",
+        "_streak",
+        "baseline_windows",
+        "drop",
+        "last_window",
+        "window_steps",
+        "windows",
+    )
 
     def __init__(self, window_steps: int, drop: float, windows: int, baseline_windows: int) -> None:
         self.window_steps = window_steps
@@ -128,8 +137,10 @@ class SignalTrigger:
             if signum is None:
                 raise ConfigError("signal: this platform has no SIGUSR2; trigger with mon.profile() or HTTP")
         if threading.current_thread() is not threading.main_thread():
-            raise ConfigError("signal: a signal handler can only be installed from the main thread; "
-                              "call enable_profiler(signal=True) there, or use mon.profile() / POST /profile")
+            raise ConfigError(
+                "signal: a signal handler can only be installed from the main thread; "
+                "call enable_profiler(signal=True) there, or use mon.profile() / POST /profile"
+            )
         self._signum = signum
         self._callback = callback
         self._previous: Any = signal.signal(signum, self._handle)

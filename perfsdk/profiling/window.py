@@ -129,10 +129,12 @@ class WindowHost(Protocol):
 
     def window_deps(self) -> tuple[Any, Any, str]: ...
 
+
 log = logging.getLogger("perfsdk")
 
 MODES = ("torch", "nsys")
 MAX_STEPS = 1000  # a trace of more steps is too large to diagnose or to open in a viewer
+
 
 class ProfilerWindow:
     """See the module docstring. Built by :meth:`perfsdk.Monitor.enable_profiler`."""
@@ -180,8 +182,13 @@ class ProfilerWindow:
         check_int("warmup_steps", warmup_steps, 0)
         self.steady_timeout_s = check_number("steady_timeout_s", steady_timeout_s, 0, open_low=True)
         self.max_capture_s = check_number("max_capture_s", max_capture_s, 0, open_low=True)
-        for name, flag in (("auto", auto), ("signal", signal), ("record_shapes", record_shapes),
-                           ("with_stack", with_stack), ("profile_memory", profile_memory)):
+        for name, flag in (
+            ("auto", auto),
+            ("signal", signal),
+            ("record_shapes", record_shapes),
+            ("with_stack", with_stack),
+            ("profile_memory", profile_memory),
+        ):
             if not isinstance(flag, bool):
                 raise ConfigError(f"{name}: expected True or False, got {flag!r}")
         check_number("auto_drop", auto_drop, 0, 1, open_low=True)
@@ -198,8 +205,11 @@ class ProfilerWindow:
             from perfsdk.errors import MissingDependencyError
 
             raise MissingDependencyError("torch", "the profiler window's torch mode")
-        self._profiler_options = {"record_shapes": record_shapes, "with_stack": with_stack,
-                                  "profile_memory": profile_memory}
+        self._profiler_options = {
+            "record_shapes": record_shapes,
+            "with_stack": with_stack,
+            "profile_memory": profile_memory,
+        }
 
         self._errors, self._set_profile, self._rank = mon.window_deps()
         self._model, self._hardware = mon.model, mon.hardware
@@ -232,13 +242,16 @@ class ProfilerWindow:
         self.last_result: CaptureResult | None = None
         self._gate = SteadyGate(steady_window, float(steady_cv), warmup_steps)
         self._reset_gate = False
-        self._detector = MbuDropDetector(auto_window_steps, float(auto_drop), auto_windows,
-                                         auto_baseline_windows) if auto else None
+        self._detector = (
+            MbuDropDetector(auto_window_steps, float(auto_drop), auto_windows, auto_baseline_windows) if auto else None
+        )
         self._budget = CaptureBudget(float(cooldown_s), max_per_hour, self._clock)
         self._signal = SignalTrigger(self._on_signal) if signal else None
         if auto and (mon.model is None or mon.hardware is None):
-            log.warning("perfsdk profile: auto=True watches decode MBU, which needs the Monitor's model= and "
-                        "hardware=; until both are known only API, HTTP and signal triggers capture")
+            log.warning(
+                "perfsdk profile: auto=True watches decode MBU, which needs the Monitor's model= and "
+                "hardware=; until both are known only API, HTTP and signal triggers capture"
+            )
 
     # ---- validation -----------------------------------------------------------------------------
     @staticmethod
@@ -262,8 +275,9 @@ class ProfilerWindow:
         """Deprecated: the old name of :attr:`wants_steps` (``hot`` now names the hot path only)."""
         import warnings
 
-        warnings.warn("ProfilerWindow.hot is deprecated: read ProfilerWindow.wants_steps", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "ProfilerWindow.hot is deprecated: read ProfilerWindow.wants_steps", DeprecationWarning, stacklevel=2
+        )
         return self.wants_steps
 
     @property
@@ -272,8 +286,9 @@ class ProfilerWindow:
         ``trigger(steady=False)``, the decode steps were not steady then). The capture's result carries it."""
         return self._steady
 
-    def trigger(self, steps: int | None = None, mode: str | None = None, reason: str = "api", *,
-                steady: bool = True) -> CaptureHandle:
+    def trigger(
+        self, steps: int | None = None, mode: str | None = None, reason: str = "api", *, steady: bool = True
+    ) -> CaptureHandle:
         """Ask for one capture; refused (``accepted=False`` and a reason) while another is under way.
 
         *steady*: wait for the steady-state gate (default); ``False`` makes the window ready at once, so
@@ -290,8 +305,10 @@ class ProfilerWindow:
                 refusal = "closed: the profiler window was closed"
             if refusal is None and self._state != IDLE:
                 cur = self._handle
-                refusal = (f"busy: capture {cur.id if cur else '?'} ({cur.trigger if cur else '?'}) is "
-                           f"{self._state}; one window at a time")
+                refusal = (
+                    f"busy: capture {cur.id if cur else '?'} ({cur.trigger if cur else '?'}) is "
+                    f"{self._state}; one window at a time"
+                )
             if refusal is not None:
                 log.info("perfsdk profile: %s trigger refused: %s", reason, refusal)
                 return CaptureHandle(accepted=False, reason=refusal, mode=mode, steps=steps, trigger=reason)
@@ -309,9 +326,14 @@ class ProfilerWindow:
                 self._state = READY
                 handle.state = READY
                 self.wants_steps = True
-        log.info("perfsdk profile: capture %d %s (%s, %s, %d steps)", handle.id,
-                 "armed; waiting for steady decode steps" if steady else "ready; starts at the next step",
-                 reason, mode, steps)
+        log.info(
+            "perfsdk profile: capture %d %s (%s, %s, %d steps)",
+            handle.id,
+            "armed; waiting for steady decode steps" if steady else "ready; starts at the next step",
+            reason,
+            mode,
+            steps,
+        )
         return handle
 
     def _precheck(self, mode: str) -> str | None:
@@ -385,9 +407,12 @@ class ProfilerWindow:
             self._handle.state = READY
             self.wants_steps = True  # from now on the serving thread's next step starts the profiler
         if not steady:
-            log.warning("perfsdk profile: decode steps not steady after %.0f s (step-time CV %s); capturing "
-                        "anyway, marked not steady", self.steady_timeout_s,
-                        "n/a" if self._step_cv is None else f"{self._step_cv:.3f}")
+            log.warning(
+                "perfsdk profile: decode steps not steady after %.0f s (step-time CV %s); capturing "
+                "anyway, marked not steady",
+                self.steady_timeout_s,
+                "n/a" if self._step_cv is None else f"{self._step_cv:.3f}",
+            )
 
     def _take_reference(self) -> None:
         """The unprofiled decode steps at the gate's batch, as the window opens (caller holds the lock)."""
@@ -408,9 +433,14 @@ class ProfilerWindow:
         if handle.accepted:
             self.auto_fired += 1
             self._budget.spend()
-            log.warning("perfsdk profile: decode MBU %.3f is more than %.0f%% below its baseline for %d windows; "
-                        "capture %d armed", det.last_window if det and det.last_window is not None else 0.0,
-                        det.drop * 100 if det else 0, det.windows if det else 0, handle.id)
+            log.warning(
+                "perfsdk profile: decode MBU %.3f is more than %.0f%% below its baseline for %d windows; "
+                "capture %d armed",
+                det.last_window if det and det.last_window is not None else 0.0,
+                det.drop * 100 if det else 0,
+                det.windows if det else 0,
+                handle.id,
+            )
 
     # ---- serving thread (only while it wants steps) ----------------------------------------------------------
     def step_begin(self, phase: str) -> None:
@@ -458,8 +488,7 @@ class ProfilerWindow:
             self._owner = threading.get_ident()
         session: Session
         if handle.mode == "torch":
-            session = TorchSession(wait=self.wait, warmup=self.warmup, active=handle.steps,
-                                   **self._profiler_options)
+            session = TorchSession(wait=self.wait, warmup=self.warmup, active=handle.steps, **self._profiler_options)
         else:
             session = NsysSession(handle.steps)
         self._session = session
@@ -475,8 +504,12 @@ class ProfilerWindow:
         with self._lock:
             handle = self._to_idle()
         if handle is not None:
-            handle._finish(CaptureResult(id=handle.id, mode=handle.mode, trigger=handle.trigger,
-                                         steady=False, steps=0, error=reason), reason)
+            handle._finish(
+                CaptureResult(
+                    id=handle.id, mode=handle.mode, trigger=handle.trigger, steady=False, steps=0, error=reason
+                ),
+                reason,
+            )
 
     def _fail(self, exc: BaseException, where: str) -> None:
         """A profiler error on the serving thread: count it, drop the capture, let the step run on."""
@@ -499,44 +532,75 @@ class ProfilerWindow:
                 return
             handle.state = WRITING
             ref = self._reference
-            meta = {"steady": self._steady, "step_cv": self._step_cv, "batch": self._batch,
-                    "unprofiled": None if ref is None else ref.to_dict(), "unprofiled_note": self._reference_note}
-        t = threading.Thread(target=self._write_and_diagnose, args=(handle, session, meta, truncated),
-                             name="perfsdk-profile-writer", daemon=True)
+            meta = {
+                "steady": self._steady,
+                "step_cv": self._step_cv,
+                "batch": self._batch,
+                "unprofiled": None if ref is None else ref.to_dict(),
+                "unprofiled_note": self._reference_note,
+            }
+        t = threading.Thread(
+            target=self._write_and_diagnose,
+            args=(handle, session, meta, truncated),
+            name="perfsdk-profile-writer",
+            daemon=True,
+        )
         self._workers = [w for w in self._workers if w.is_alive()] + [t]
         t.start()
 
     # ---- background thread ----------------------------------------------------------------------
-    def _write_and_diagnose(self, handle: CaptureHandle, session: Session, meta: dict[str, Any],
-                            truncated: bool) -> None:
+    def _write_and_diagnose(
+        self, handle: CaptureHandle, session: Session, meta: dict[str, Any], truncated: bool
+    ) -> None:
         steady = bool(meta["steady"])
         trace = diag = dpath = line = error = None
         try:
             if session.writes_trace:
                 trace = write_capture(session, self.directory, self.min_free_mb, self.keep, self._rank)
-                capture_meta = {"id": handle.id, "trigger": handle.trigger, "mode": handle.mode,
-                                "steps": handle.steps, "wait": self.wait, "warmup": self.warmup,
-                                "truncated": truncated, **meta}
+                capture_meta = {
+                    "id": handle.id,
+                    "trigger": handle.trigger,
+                    "mode": handle.mode,
+                    "steps": handle.steps,
+                    "wait": self.wait,
+                    "warmup": self.warmup,
+                    "truncated": truncated,
+                    **meta,
+                }
                 diag, dpath, line = self.diagnose(trace, steady, capture_meta)
             else:
-                line = (f"perfsdk profile: nsys capture range closed after {session.done} decode steps "
-                        f"(capture {handle.id}, {'steady' if steady else 'not steady'})")
+                line = (
+                    f"perfsdk profile: nsys capture range closed after {session.done} decode steps "
+                    f"(capture {handle.id}, {'steady' if steady else 'not steady'})"
+                )
                 log.info("%s", line)
         except Exception as e:
             self._errors.record(e, "profiler window write/diagnose")
             self.failures += 1
             error = f"{type(e).__name__}: {e}"
-        result = CaptureResult(id=handle.id, mode=handle.mode, trigger=handle.trigger, steady=steady,
-                               steps=handle.steps, trace=trace, diagnosis=diag, diagnosis_path=dpath,
-                               verdict=line, error=error, step_cv=meta["step_cv"], batch=meta["batch"])
+        result = CaptureResult(
+            id=handle.id,
+            mode=handle.mode,
+            trigger=handle.trigger,
+            steady=steady,
+            steps=handle.steps,
+            trace=trace,
+            diagnosis=diag,
+            diagnosis_path=dpath,
+            verdict=line,
+            error=error,
+            step_cv=meta["step_cv"],
+            batch=meta["batch"],
+        )
         with self._lock:
             self.captures += error is None
             self.last_result = result
             self._to_idle()
         handle._finish(result, "done" if error is None else "failed")
 
-    def diagnose(self, trace: str, steady: bool = True, capture: dict[str, Any] | None = None,
-                 ) -> tuple[dict[str, Any], str, str]:
+    def diagnose(
+        self, trace: str, steady: bool = True, capture: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], str, str]:
         """Diagnose *trace*'s decode steps, write ``<trace>.diagnosis.json``, log the verdict, export the gauges.
 
         Against the unprofiled reference in *capture* (``"unprofiled"``, taken when the window opened), or,
@@ -549,8 +613,9 @@ class ProfilerWindow:
             note = str(cap.get("unprofiled_note") or "")
         else:
             ref, note = self.reference(cap.get("batch"))
-        d, dpath, line, diagnosis = diagnose_capture(trace, cost=self._decode_cost(ref), ref=ref, note=note,
-                                                     steady=steady, capture=cap)
+        d, dpath, line, diagnosis = diagnose_capture(
+            trace, cost=self._decode_cost(ref), ref=ref, note=note, steady=steady, capture=cap
+        )
         log.info("%s", line)
         if self._set_profile is not None:
             self._set_profile(diagnosis.gpu_busy_fraction, diagnosis.communication_share)

@@ -47,8 +47,13 @@ log = logging.getLogger("perfsdk")
 QUEUE = 8192  # spans waiting to be built, at most
 
 
-def make_otel_sink(tracer_provider: Any = None, model: str = "unknown", epoch_offset_ns: int = 0,
-                   queue_size: int = QUEUE, interval: float = 0.25) -> OtelSink | None:
+def make_otel_sink(
+    tracer_provider: Any = None,
+    model: str = "unknown",
+    epoch_offset_ns: int = 0,
+    queue_size: int = QUEUE,
+    interval: float = 0.25,
+) -> OtelSink | None:
     """An :class:`OtelSink`, or ``None`` when the OpenTelemetry API is not installed."""
     try:
         from opentelemetry import trace
@@ -60,8 +65,15 @@ def make_otel_sink(tracer_provider: Any = None, model: str = "unknown", epoch_of
 class OtelSink:
     """The :class:`~perfsdk.sinks.Sink` for OpenTelemetry (see the module docstring)."""
 
-    def __init__(self, trace_api: Any, tracer_provider: Any, model: str, epoch_offset_ns: int = 0,
-                 queue_size: int = QUEUE, interval: float = 0.25) -> None:
+    def __init__(
+        self,
+        trace_api: Any,
+        tracer_provider: Any,
+        model: str,
+        epoch_offset_ns: int = 0,
+        queue_size: int = QUEUE,
+        interval: float = 0.25,
+    ) -> None:
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         from perfsdk._version import __version__
@@ -131,8 +143,10 @@ class OtelSink:
         self.dropped = self.errors = 0
         if not usable:
             self._closed = True
-            log.error("perfsdk: forked while a span was being exported: this process builds no spans (counted in "
-                      "stats()['dropped_spans']; metrics are not affected). Create the Monitor after the fork.")
+            log.error(
+                "perfsdk: forked while a span was being exported: this process builds no spans (counted in "
+                "stats()['dropped_spans']; metrics are not affected). Create the Monitor after the fork."
+            )
 
     def flush(self, timeout: float | None) -> bool:
         """Wait until every span handed over is built (False on timeout)."""
@@ -168,8 +182,11 @@ class OtelSink:
             if len(self._jobs) >= self._capacity:
                 self.dropped += 1
                 if self.dropped == 1:
-                    log.warning("perfsdk: spans are built slower than they arrive (a slow span exporter?); "
-                                "dropping spans beyond %d queued (metrics are not affected)", self._capacity)
+                    log.warning(
+                        "perfsdk: spans are built slower than they arrive (a slow span exporter?); "
+                        "dropping spans beyond %d queued (metrics are not affected)",
+                        self._capacity,
+                    )
                 return
             self._jobs.append(job)
             if self._thread is None:
@@ -231,8 +248,13 @@ class OtelSink:
             attrs["gen_ai.response.id"] = r.request_id
         if r.error is not None:
             attrs["error.type"] = r.error
-        span = tracer.start_span(f"{r.operation} {r.model}", context=r.parent, kind=self._server_kind,
-                                 attributes=attrs, start_time=r.start_ns)
+        span = tracer.start_span(
+            f"{r.operation} {r.model}",
+            context=r.parent,
+            kind=self._server_kind,
+            attributes=attrs,
+            start_time=r.start_ns,
+        )
         if r.error is not None:
             span.set_status(self._status_cls(self._error_code, r.error))
         ctx = trace.set_span_in_context(span)
@@ -244,8 +266,9 @@ class OtelSink:
             children.append(("prefill", prefill_start, r.first_token_ns))
             children.append(("decode", r.first_token_ns, r.end_ns))
         for name, t0, t1 in children:
-            child = tracer.start_span(name, context=ctx, kind=self._internal_kind, start_time=t0,
-                                      attributes={"gen_ai.request.model": r.model})
+            child = tracer.start_span(
+                name, context=ctx, kind=self._internal_kind, start_time=t0, attributes={"gen_ai.request.model": r.model}
+            )
             child.end(end_time=max(t1, t0))
         span.end(end_time=max(r.end_ns, r.start_ns))  # a clock that went backwards: no negative span
 
@@ -260,8 +283,9 @@ class OtelSink:
                 attrs["perfsdk.mbu"] = s.mbu
             if s.mfu is not None:
                 attrs["perfsdk.mfu"] = s.mfu
-        span = tracer.start_span(f"{PHASES[s.phase]} step", kind=self._internal_kind,
-                                 start_time=s.t0 + self._offset, attributes=attrs)
+        span = tracer.start_span(
+            f"{PHASES[s.phase]} step", kind=self._internal_kind, start_time=s.t0 + self._offset, attributes=attrs
+        )
         if s.error is not None:
             span.set_status(self._status_cls(self._error_code, s.error))
         span.end(end_time=max(s.t1, s.t0) + self._offset)

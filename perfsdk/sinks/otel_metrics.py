@@ -68,8 +68,9 @@ _INSTRUMENTS = (
 )
 
 
-def make_otel_metrics_sink(meter_provider: Any = None, model: str = "unknown",
-                           extra: dict[str, str] | None = None) -> OtelMetricsSink | None:
+def make_otel_metrics_sink(
+    meter_provider: Any = None, model: str = "unknown", extra: dict[str, str] | None = None
+) -> OtelMetricsSink | None:
     """An :class:`OtelMetricsSink`, or ``None`` when the OpenTelemetry API is not installed."""
     try:
         from opentelemetry import metrics

@@ -103,9 +103,7 @@ class MetricSet:
     extra_labels: tuple[str, ...]
 
 
-_sets: weakref.WeakKeyDictionary[CollectorRegistry, dict[tuple[str, ...], MetricSet]] = (
-    weakref.WeakKeyDictionary()
-)
+_sets: weakref.WeakKeyDictionary[CollectorRegistry, dict[tuple[str, ...], MetricSet]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 _update_locks: weakref.WeakKeyDictionary[CollectorRegistry, threading.Lock] = weakref.WeakKeyDictionary()
 
@@ -148,49 +146,133 @@ def _create(reg: CollectorRegistry, extra: tuple[str, ...]) -> MetricSet:
         return Histogram(name, doc, labels, registry=reg, buckets=buckets, unit=unit)
 
     return MetricSet(
-        ttft=hist("gen_ai_server_time_to_first_token", "Time to generate the first token of a request "
-                  "(arrival to first token, as the user feels it).", m, TTFT_BUCKETS, "seconds"),
-        tpot=hist("gen_ai_server_time_per_output_token", "Time per output token after the first, per request: "
-                  "(e2e - ttft) / (output tokens - 1).", m, TPOT_BUCKETS, "seconds"),
-        duration=hist("gen_ai_server_request_duration", "End-to-end request duration (arrival to finish).",
-                      m, DURATION_BUCKETS, "seconds"),
-        itl=hist("perfsdk_inter_token_latency", "Every gap between consecutive token emissions of a request.",
-                 m, ITL_BUCKETS, "seconds"),
-        queue=hist("perfsdk_request_queue", "Arrival to leaving the waiting queue (scheduled).",
-                   m, QUEUE_BUCKETS, "seconds"),
-        requests=Counter("perfsdk_requests", "Finished requests by how they ended (finish_reason: stop, length, "
-                         "tool_calls, content_filter, abort = the client went away, cancelled, error, other).",
-                         ("model", "finish_reason", *extra), registry=reg),
-        step=hist("perfsdk_step", "Device time of one prefill, decode or mixed step (CUDA events; host clock "
-                  "when there is no GPU).", mp, STEP_BUCKETS, "seconds"),
-        mbu=hist("perfsdk_step_bandwidth_utilization", "Model bandwidth utilisation of a step: bytes it must "
-                 "read / (device time x peak bandwidth).", mp, UTIL_BUCKETS),
-        mfu=hist("perfsdk_step_flops_utilization", "Model FLOPs utilisation of a step: FLOPs it must do / "
-                 "(device time x dense peak FLOP/s).", mp, UTIL_BUCKETS),
-        step_bytes=Counter("perfsdk_step_bytes", "Bytes steps had to read (weights + KV), for utilisation over "
-                           "any window in PromQL.", mp, registry=reg),
+        ttft=hist(
+            "gen_ai_server_time_to_first_token",
+            "Time to generate the first token of a request (arrival to first token, as the user feels it).",
+            m,
+            TTFT_BUCKETS,
+            "seconds",
+        ),
+        tpot=hist(
+            "gen_ai_server_time_per_output_token",
+            "Time per output token after the first, per request: (e2e - ttft) / (output tokens - 1).",
+            m,
+            TPOT_BUCKETS,
+            "seconds",
+        ),
+        duration=hist(
+            "gen_ai_server_request_duration",
+            "End-to-end request duration (arrival to finish).",
+            m,
+            DURATION_BUCKETS,
+            "seconds",
+        ),
+        itl=hist(
+            "perfsdk_inter_token_latency",
+            "Every gap between consecutive token emissions of a request.",
+            m,
+            ITL_BUCKETS,
+            "seconds",
+        ),
+        queue=hist(
+            "perfsdk_request_queue", "Arrival to leaving the waiting queue (scheduled).", m, QUEUE_BUCKETS, "seconds"
+        ),
+        requests=Counter(
+            "perfsdk_requests",
+            "Finished requests by how they ended (finish_reason: stop, length, "
+            "tool_calls, content_filter, abort = the client went away, cancelled, error, other).",
+            ("model", "finish_reason", *extra),
+            registry=reg,
+        ),
+        step=hist(
+            "perfsdk_step",
+            "Device time of one prefill, decode or mixed step (CUDA events; host clock when there is no GPU).",
+            mp,
+            STEP_BUCKETS,
+            "seconds",
+        ),
+        mbu=hist(
+            "perfsdk_step_bandwidth_utilization",
+            "Model bandwidth utilisation of a step: bytes it must read / (device time x peak bandwidth).",
+            mp,
+            UTIL_BUCKETS,
+        ),
+        mfu=hist(
+            "perfsdk_step_flops_utilization",
+            "Model FLOPs utilisation of a step: FLOPs it must do / (device time x dense peak FLOP/s).",
+            mp,
+            UTIL_BUCKETS,
+        ),
+        step_bytes=Counter(
+            "perfsdk_step_bytes",
+            "Bytes steps had to read (weights + KV), for utilisation over any window in PromQL.",
+            mp,
+            registry=reg,
+        ),
         step_flops=Counter("perfsdk_step_flops", "FLOPs steps had to do.", mp, registry=reg),
-        step_tokens=Counter("perfsdk_step_tokens", "Tokens processed by steps (prompt tokens for prefill, one "
-                            "per sequence for decode).", mp, registry=reg),
-        peak_bandwidth=Gauge("perfsdk_hardware_peak_bandwidth_bytes", "Peak memory bandwidth MBU divides by "
-                             "(bytes per second).", ("device", *extra), registry=reg, multiprocess_mode="mostrecent"),
-        peak_flops=Gauge("perfsdk_hardware_peak_flops", "Dense peak FLOP/s MFU divides by.",
-                         ("device", "dtype", *extra), registry=reg, multiprocess_mode="mostrecent"),
-        dropped=Counter("perfsdk_dropped_records", "Records perfsdk dropped because its collector fell "
-                        "behind (the server never blocks).", extra, registry=reg),
-        dropped_spans=Counter("perfsdk_dropped_spans", "Spans perfsdk dropped: step spans sampled beyond 4,096 per "
-                              "export interval (reason=sample_cap), or spans that found the span thread's queue "
-                              "full (reason=queue_full, a slow span exporter).", (*extra, "reason"), registry=reg),
-        internal_errors=Counter("perfsdk_internal_errors", "Exceptions inside perfsdk, caught and counted "
-                                "(they never reach the server).", extra, registry=reg),
-        suspect=Counter("perfsdk_suspect_utilization", "Steps whose MBU or MFU came out above 1, which is "
-                        "impossible: the peak in use or the step's sizes or time are wrong (logged once).",
-                        (*mp, "reason"), registry=reg),
-        profile_busy=Gauge("perfsdk_profile_gpu_busy_fraction", "GPU busy fraction of the last profiler "
-                           "window's trace.", m, registry=reg, multiprocess_mode="mostrecent"),
-        profile_comm=Gauge("perfsdk_profile_communication_fraction", "Share of step time in collectives not "
-                           "overlapped by compute in the last profiler window's trace (waits for other ranks "
-                           "included).", m, registry=reg, multiprocess_mode="mostrecent"),
+        step_tokens=Counter(
+            "perfsdk_step_tokens",
+            "Tokens processed by steps (prompt tokens for prefill, one per sequence for decode).",
+            mp,
+            registry=reg,
+        ),
+        peak_bandwidth=Gauge(
+            "perfsdk_hardware_peak_bandwidth_bytes",
+            "Peak memory bandwidth MBU divides by (bytes per second).",
+            ("device", *extra),
+            registry=reg,
+            multiprocess_mode="mostrecent",
+        ),
+        peak_flops=Gauge(
+            "perfsdk_hardware_peak_flops",
+            "Dense peak FLOP/s MFU divides by.",
+            ("device", "dtype", *extra),
+            registry=reg,
+            multiprocess_mode="mostrecent",
+        ),
+        dropped=Counter(
+            "perfsdk_dropped_records",
+            "Records perfsdk dropped because its collector fell behind (the server never blocks).",
+            extra,
+            registry=reg,
+        ),
+        dropped_spans=Counter(
+            "perfsdk_dropped_spans",
+            "Spans perfsdk dropped: step spans sampled beyond 4,096 per "
+            "export interval (reason=sample_cap), or spans that found the span thread's queue "
+            "full (reason=queue_full, a slow span exporter).",
+            (*extra, "reason"),
+            registry=reg,
+        ),
+        internal_errors=Counter(
+            "perfsdk_internal_errors",
+            "Exceptions inside perfsdk, caught and counted (they never reach the server).",
+            extra,
+            registry=reg,
+        ),
+        suspect=Counter(
+            "perfsdk_suspect_utilization",
+            "Steps whose MBU or MFU came out above 1, which is "
+            "impossible: the peak in use or the step's sizes or time are wrong (logged once).",
+            (*mp, "reason"),
+            registry=reg,
+        ),
+        profile_busy=Gauge(
+            "perfsdk_profile_gpu_busy_fraction",
+            "GPU busy fraction of the last profiler window's trace.",
+            m,
+            registry=reg,
+            multiprocess_mode="mostrecent",
+        ),
+        profile_comm=Gauge(
+            "perfsdk_profile_communication_fraction",
+            "Share of step time in collectives not "
+            "overlapped by compute in the last profiler window's trace (waits for other ranks "
+            "included).",
+            m,
+            registry=reg,
+            multiprocess_mode="mostrecent",
+        ),
         extra_labels=extra,
     )
 
@@ -198,8 +280,13 @@ def _create(reg: CollectorRegistry, extra: tuple[str, ...]) -> MetricSet:
 class PrometheusSink:
     """The :class:`~perfsdk.sinks.Sink` for Prometheus: label children of one (model, extra labels), bound once."""
 
-    def __init__(self, metrics: MetricSet, model: str, extra_values: tuple[str, ...] = (),
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        metrics: MetricSet,
+        model: str,
+        extra_values: tuple[str, ...] = (),
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.metrics = metrics
         self._update = update_lock(REGISTRY if registry is None else registry)
         mv = (model, *extra_values)
@@ -335,9 +422,11 @@ def _checked(child: Any, bounds: tuple[float, ...]) -> Any:
     if upper is None or not hasattr(child, "_buckets") or not hasattr(child, "_sum"):
         import prometheus_client
 
-        raise ConfigError(f"prometheus_client {getattr(prometheus_client, '__version__', '?')}: its Histogram "
-                          "has no _upper_bounds/_buckets/_sum, which perfsdk adds step totals to; "
-                          "use prometheus-client >= 0.17")
+        raise ConfigError(
+            f"prometheus_client {getattr(prometheus_client, '__version__', '?')}: its Histogram "
+            "has no _upper_bounds/_buckets/_sum, which perfsdk adds step totals to; "
+            "use prometheus-client >= 0.17"
+        )
     if list(upper) != [*bounds, math.inf]:
         raise ConfigError(f"histogram {child!r} has buckets {upper}, expected {[*bounds, math.inf]}")
     return child

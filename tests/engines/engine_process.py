@@ -38,8 +38,14 @@ def running_script(script: Path, tmp: Path, env: Mapping[str, str], startup_s: f
     """Run ``python SCRIPT TMP`` until it prints its JSON line; yield that line; stop it after."""
     out = tmp / "stdout"
     with out.open("w") as stdout, (tmp / "stderr").open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, str(script), str(tmp)], stdin=subprocess.PIPE, stdout=stdout,
-                                stderr=stderr, text=True, env=dict(env))
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(tmp)],
+            stdin=subprocess.PIPE,
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            env=dict(env),
+        )
     try:
         deadline = time.monotonic() + startup_s
         info = None

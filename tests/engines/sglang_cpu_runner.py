@@ -75,9 +75,18 @@ from sglang.srt.runtime_context import SpawnRanks, publish  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 LLAMA = {  # a small Llama: SGLang reads it like any checkpoint's config.json
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512, "intermediate_size": 1376,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 4, "vocab_size": 32000,
-    "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5, "head_dim": 64,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 512,
+    "intermediate_size": 1376,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 4,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-5,
+    "head_dim": 64,
 }
 
 
@@ -85,8 +94,14 @@ def scheduler_context(model_dir: Path, *, tp_size: int = 1, tp_rank: int = 0) ->
     """``sglang serve --model-path MODEL_DIR --served-model-name tiny-llama --tp-size N --enable-metrics``,
     published for this process as the scheduler of rank *tp_rank*."""
     (model_dir / "config.json").write_text(json.dumps(LLAMA))
-    args = ServerArgs(model_path=str(model_dir), served_model_name="tiny-llama", device="cpu", tp_size=tp_size,
-                      skip_tokenizer_init=True, enable_metrics=True)
+    args = ServerArgs(
+        model_path=str(model_dir),
+        served_model_name="tiny-llama",
+        device="cpu",
+        tp_size=tp_size,
+        skip_tokenizer_init=True,
+        enable_metrics=True,
+    )
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=tp_rank, dp_rank=None, gpu_id=tp_rank))
     return args
 
@@ -118,14 +133,26 @@ class CpuModelRunner(ModelRunner):  # type: ignore[misc]
         return ModelRunnerOutput(logits_output=None, can_run_graph=False)
 
 
-def batch(mode: str, seq_lens: list[int], *, extend: list[int] | None = None, prefix: list[int] | None = None,
-          draft_token_num: int | None = None) -> ForwardBatch:
+def batch(
+    mode: str,
+    seq_lens: list[int],
+    *,
+    extend: list[int] | None = None,
+    prefix: list[int] | None = None,
+    draft_token_num: int | None = None,
+) -> ForwardBatch:
     """A ``ForwardBatch`` as ``ForwardBatch.init_new`` leaves it for these sequence lengths."""
     n = len(seq_lens)
-    fb = ForwardBatch(forward_mode=ForwardMode[mode], batch_size=n, input_ids=torch.zeros(max(n, 1), dtype=torch.long),
-                      req_pool_indices=torch.arange(n), seq_lens=torch.tensor(seq_lens, dtype=torch.long),
-                      out_cache_loc=torch.zeros(n, dtype=torch.long), seq_lens_sum=sum(seq_lens),
-                      seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.long))
+    fb = ForwardBatch(
+        forward_mode=ForwardMode[mode],
+        batch_size=n,
+        input_ids=torch.zeros(max(n, 1), dtype=torch.long),
+        req_pool_indices=torch.arange(n),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.long),
+        out_cache_loc=torch.zeros(n, dtype=torch.long),
+        seq_lens_sum=sum(seq_lens),
+        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.long),
+    )
     if extend is not None:
         fb.extend_seq_lens_cpu = extend
         fb.extend_prefix_lens_cpu = prefix if prefix is not None else [0] * n
@@ -133,8 +160,7 @@ def batch(mode: str, seq_lens: list[int], *, extend: list[int] | None = None, pr
     if draft_token_num is not None:
         from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
-        fb.spec_info = NgramVerifyInput(draft_token_num=draft_token_num,
-                                        new_seq_lens=fb.seq_lens + draft_token_num)
+        fb.spec_info = NgramVerifyInput(draft_token_num=draft_token_num, new_seq_lens=fb.seq_lens + draft_token_num)
     return fb
 
 

@@ -50,8 +50,9 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dist_port = s.getsockname()[1]
-    procs = [ctx.Process(target=scheduler, args=(sys.argv[1], r, dist_port, ready, stop), daemon=True)
-             for r in range(TP)]
+    procs = [
+        ctx.Process(target=scheduler, args=(sys.argv[1], r, dist_port, ready, stop), daemon=True) for r in range(TP)
+    ]
     for p in procs:
         p.start()
     ranks = sorted(ready.get(timeout=300) for _ in procs)
@@ -63,8 +64,7 @@ def main() -> None:
     app = FastAPI()
     add_prometheus_middleware(app)
     server, thread, url = serve_on_loopback(app)
-    print(json.dumps({"metrics": url, "ranks": ranks,
-                      "schedulers": [p.pid for p in procs]}), flush=True)
+    print(json.dumps({"metrics": url, "ranks": ranks, "schedulers": [p.pid for p in procs]}), flush=True)
     sys.stdin.read()
     stop.set()
     server.should_exit = True

@@ -30,8 +30,10 @@ from typing import Any
 
 import pytest
 
-fpm = pytest.importorskip("sglang.srt.observability.forward_pass_metrics",
-                          reason="the SGLang suite runs in its own venv: bash scripts/test_engine.sh sglang")
+fpm = pytest.importorskip(
+    "sglang.srt.observability.forward_pass_metrics",
+    reason="the SGLang suite runs in its own venv: bash scripts/test_engine.sh sglang",
+)
 
 import sglang_cpu_runner as cpu  # noqa: E402  (a placeholder torchvision first)
 from engine_process import running_script  # noqa: E402
@@ -80,16 +82,32 @@ def test_sglangs_publisher_to_perfsdk_steps(tmp_path: Any) -> None:
         pubs = [fpm._FpmPublisherThread(f"{base}.{r}", worker_id="w", dp_rank=r) for r in range(2)]
         try:
             publish_until_heard(pubs, sub)
-            pubs[0].publish(fpm.ForwardPassMetrics(
-                worker_id="w", dp_rank=0, wall_time=0.02,
-                scheduled_requests=scheduled(num_decode_requests=8, sum_decode_kv_tokens=8000)))
-            pubs[0].publish(fpm.ForwardPassMetrics(
-                worker_id="w", dp_rank=0, wall_time=0.03,
-                scheduled_requests=scheduled(num_prefill_requests=1, sum_prefill_tokens=256, num_decode_requests=7,
-                                             sum_decode_kv_tokens=7000)))
-            pubs[1].publish(fpm.ForwardPassMetrics(
-                worker_id="w", dp_rank=1, wall_time=0.05,
-                scheduled_requests=scheduled(num_prefill_requests=2, sum_prefill_tokens=1000)))
+            pubs[0].publish(
+                fpm.ForwardPassMetrics(
+                    worker_id="w",
+                    dp_rank=0,
+                    wall_time=0.02,
+                    scheduled_requests=scheduled(num_decode_requests=8, sum_decode_kv_tokens=8000),
+                )
+            )
+            pubs[0].publish(
+                fpm.ForwardPassMetrics(
+                    worker_id="w",
+                    dp_rank=0,
+                    wall_time=0.03,
+                    scheduled_requests=scheduled(
+                        num_prefill_requests=1, sum_prefill_tokens=256, num_decode_requests=7, sum_decode_kv_tokens=7000
+                    ),
+                )
+            )
+            pubs[1].publish(
+                fpm.ForwardPassMetrics(
+                    worker_id="w",
+                    dp_rank=1,
+                    wall_time=0.05,
+                    scheduled_requests=scheduled(num_prefill_requests=2, sum_prefill_tokens=1000),
+                )
+            )
             deadline = time.monotonic() + 20
             while sub.steps < 3 and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -102,11 +120,14 @@ def test_sglangs_publisher_to_perfsdk_steps(tmp_path: Any) -> None:
         assert (st["decode"]["steps"], st["mixed"]["steps"], st["prefill"]["steps"]) == (1, 1, 1)
         assert sub.lost == 0
         assert h.sum("perfsdk_step_bandwidth_utilization", phase="decode") == pytest.approx(
-            budget.decode_step_bytes(MODEL, 8000, 8) / (0.02 * 4.8e12))
+            budget.decode_step_bytes(MODEL, 8000, 8) / (0.02 * 4.8e12)
+        )
         assert h.sum("perfsdk_step_flops_utilization", phase="mixed") == pytest.approx(
-            budget.mixed_step_flops(MODEL, [256], 7, 7000) / (0.03 * 1e15))
+            budget.mixed_step_flops(MODEL, [256], 7, 7000) / (0.03 * 1e15)
+        )
         assert h.sum("perfsdk_step_flops_utilization", phase="prefill") == pytest.approx(
-            budget.prefill_flops(MODEL, [500, 500]) / (0.05 * 1e15))
+            budget.prefill_flops(MODEL, [500, 500]) / (0.05 * 1e15)
+        )
         assert st["internal_errors"] == 0
 
 
@@ -114,9 +135,27 @@ def test_perfsdk_sglang_serves_the_steps_on_metrics(tmp_path: Any) -> None:
     """The command a user runs beside ``sglang serve``, scraped over HTTP."""
     base = f"ipc://{tmp_path}/fpm"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "perfsdk.cli", "sglang", "--fpm", base, "--model", "llama-3-8b", "--hardware",
-         "h100-sxm", "--port", "0", "--duration", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PERFSDK_OTEL": "0"})
+        [
+            sys.executable,
+            "-m",
+            "perfsdk.cli",
+            "sglang",
+            "--fpm",
+            base,
+            "--model",
+            "llama-3-8b",
+            "--hardware",
+            "h100-sxm",
+            "--port",
+            "0",
+            "--duration",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PERFSDK_OTEL": "0"},
+    )
     pub = fpm._FpmPublisherThread(f"{base}.0", worker_id="w", dp_rank=0)
     try:
         assert proc.stdout is not None
@@ -126,9 +165,14 @@ def test_perfsdk_sglang_serves_the_steps_on_metrics(tmp_path: Any) -> None:
         deadline = time.monotonic() + 30
         body = ""
         while time.monotonic() < deadline:
-            pub.publish(fpm.ForwardPassMetrics(worker_id="w", dp_rank=0, wall_time=0.02,
-                                               scheduled_requests=scheduled(num_decode_requests=8,
-                                                                            sum_decode_kv_tokens=8000)))
+            pub.publish(
+                fpm.ForwardPassMetrics(
+                    worker_id="w",
+                    dp_rank=0,
+                    wall_time=0.02,
+                    scheduled_requests=scheduled(num_decode_requests=8, sum_decode_kv_tokens=8000),
+                )
+            )
             time.sleep(0.2)
             body = urllib.request.urlopen(url.group(1), timeout=5).read().decode()
             m = re.search(r'perfsdk_step_seconds_count\{[^}]*phase="decode"[^}]*\} (\S+)', body)
@@ -149,7 +193,6 @@ def test_perfsdk_sglang_serves_the_steps_on_metrics(tmp_path: Any) -> None:
 # ---- the in-process hook: SGLang's plugin loader, its HookRegistry, its ModelRunner.forward -----------------
 
 
-
 SPEC = dataclasses.replace(ModelSpec.from_hf_config(cpu.LLAMA, dtype="bfloat16"), name="tiny-llama")
 PHASES = ("prefill", "decode", "mixed")
 # what perfsdk reads from cpu.workload(): exact lengths from each ForwardBatch
@@ -166,7 +209,7 @@ def test_sglang_loads_the_hook_through_its_plugin_loader_and_hook_registry() -> 
     func, dist = load_plugins_by_group("sglang.srt.plugins")["perfsdk"]
     assert func is sglang_hook.install and dist == "perfsdk"
     load_plugins()  # as every scheduler process does first: runs the plugins, then HookRegistry.apply_hooks()
-    (hook_type, hook, source), = HookRegistry._hooks[sglang_hook.TARGET]
+    ((hook_type, hook, source),) = HookRegistry._hooks[sglang_hook.TARGET]
     assert (hook_type, hook, source.plugin_name) == (HookType.AROUND, sglang_hook.around_forward, "perfsdk")
     assert sglang_hook.TARGET in HookRegistry._patched
     assert ModelRunner.forward.__wrapped__.__qualname__ == "ModelRunner.forward"  # SGLang's, wrapped
@@ -190,8 +233,11 @@ def expected_series(spec: ModelSpec, ranks: tuple[str, ...] = ("",)) -> dict[tup
             continue
         phase, nbytes, tokens = cost(shape, spec)
         for rank in ranks:
-            for name, v in (("perfsdk_step_seconds_count", 1.0), ("perfsdk_step_tokens_total", tokens),
-                            ("perfsdk_step_bytes_total", nbytes)):
+            for name, v in (
+                ("perfsdk_step_seconds_count", 1.0),
+                ("perfsdk_step_tokens_total", tokens),
+                ("perfsdk_step_bytes_total", nbytes),
+            ):
                 want[(name, phase, rank)] = want.get((name, phase, rank), 0) + v
     return want
 
@@ -232,9 +278,9 @@ def test_every_forward_is_one_step_sized_exactly_from_the_forward_batch(runner: 
     assert hook.monitor.stats()["internal_errors"] == 0
 
 
-def test_sglangs_errors_pass_through_and_perfsdks_stay_inside(runner: cpu.CpuModelRunner,
-                                                             monkeypatch: pytest.MonkeyPatch,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_sglangs_errors_pass_through_and_perfsdks_stay_inside(
+    runner: cpu.CpuModelRunner, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     runner.forward(cpu.batch("DECODE", [10]))
     hook = sglang_hook.hook_of(runner)
     assert hook is not None
@@ -263,9 +309,9 @@ def test_a_draft_model_runner_is_not_recorded(tmp_path: Path, monkeypatch: pytes
     assert draft.seen == ["DECODE"] and sglang_hook.hook_of(draft) is None
 
 
-def test_another_sglang_version_gets_a_message_naming_the_range(monkeypatch: pytest.MonkeyPatch,
-                                                                caplog: pytest.LogCaptureFixture,
-                                                                tmp_path: Path) -> None:
+def test_another_sglang_version_gets_a_message_naming_the_range(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
     import sglang
 
     instrumentor = sglang_hook.SglangForwardInstrumentor()
@@ -322,8 +368,9 @@ def test_install_is_idempotent_and_uninstall_stops_recording(tmp_path: Path, mon
     assert [h for _, h, _ in HookRegistry._hooks[sglang_hook.TARGET]] == [sglang_hook.around_forward]
 
 
-def test_a_bad_perfsdk_setting_leaves_sglang_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_a_bad_perfsdk_setting_leaves_sglang_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("PERFSDK_HARDWARE", "no-such-gpu")
     monkeypatch.setattr(engine_common, "_MONITORS", {})
     load_plugins()
@@ -339,8 +386,13 @@ def test_a_bad_perfsdk_setting_leaves_sglang_running(tmp_path: Path, monkeypatch
 def sglang_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("sglang")
     base = free_ports(2)  # rank r serves on PERFSDK_METRICS_PORT + r
-    env = {**os.environ, "PERFSDK_HARDWARE": "h100-sxm", "PERFSDK_METRICS_PORT": str(base),
-           "PERFSDK_PROFILER": "torch", "PERFSDK_PROFILE_DIR": str(tmp / "traces")}
+    env = {
+        **os.environ,
+        "PERFSDK_HARDWARE": "h100-sxm",
+        "PERFSDK_METRICS_PORT": str(base),
+        "PERFSDK_PROFILER": "torch",
+        "PERFSDK_PROFILE_DIR": str(tmp / "traces"),
+    }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     with running_script(Path(cpu.__file__).parent / "sglang_server.py", tmp, env, startup_s=240) as info:
         yield {**info, "port": base}
@@ -361,8 +413,7 @@ def test_each_rank_reaches_sglangs_metrics_with_its_own_share(sglang_server: dic
 
 def test_the_profiler_window_is_triggered_per_rank_on_sglang(sglang_server: dict[str, Any]) -> None:
     def post(rank: int) -> tuple[int, dict[str, Any]]:
-        req = urllib.request.Request(f"http://127.0.0.1:{sglang_server['port'] + rank}/profile?steps=2",
-                                     method="POST")
+        req = urllib.request.Request(f"http://127.0.0.1:{sglang_server['port'] + rank}/profile?steps=2", method="POST")
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
                 return r.status, json.loads(r.read())

@@ -81,9 +81,14 @@ def snapshot() -> dict[str, float]:
     """Every per-phase step series perfsdk exports, from the process's registry (vLLM's /metrics)."""
     out = {}
     for p in PHASES:
-        for n in ("perfsdk_step_seconds_count", "perfsdk_step_tokens_total", "perfsdk_step_bytes_total",
-                  "perfsdk_step_flops_total", "perfsdk_step_bandwidth_utilization_count",
-                  "perfsdk_step_flops_utilization_count"):
+        for n in (
+            "perfsdk_step_seconds_count",
+            "perfsdk_step_tokens_total",
+            "perfsdk_step_bytes_total",
+            "perfsdk_step_flops_total",
+            "perfsdk_step_bandwidth_utilization_count",
+            "perfsdk_step_flops_utilization_count",
+        ):
             out[f"{n}/{p}"] = value(n, phase=p)
     return out
 
@@ -136,14 +141,26 @@ def cost(shape: StepShape, spec: ModelSpec = SPEC) -> tuple[str, float, float, i
     """(phase, bytes, FLOPs, tokens) of one step, from perfsdk.budget's formulas."""
     lens = list(shape.prefill_lens)
     if shape.phase == "prefill":
-        return ("prefill", budget.prefill_step_bytes(spec, lens, shape.prefill_cached),
-                budget.prefill_flops(spec, lens, cached_tokens=shape.prefill_cached), sum(lens))
+        return (
+            "prefill",
+            budget.prefill_step_bytes(spec, lens, shape.prefill_cached),
+            budget.prefill_flops(spec, lens, cached_tokens=shape.prefill_cached),
+            sum(lens),
+        )
     if shape.phase == "decode":
-        return ("decode", budget.decode_step_bytes(spec, shape.decode_context, shape.decode_tokens),
-                budget.decode_flops(spec, shape.decode_tokens, shape.decode_context), shape.decode_tokens)
+        return (
+            "decode",
+            budget.decode_step_bytes(spec, shape.decode_context, shape.decode_tokens),
+            budget.decode_flops(spec, shape.decode_tokens, shape.decode_context),
+            shape.decode_tokens,
+        )
     ctx = shape.decode_context + shape.prefill_cached
-    return ("mixed", budget.mixed_step_bytes(spec, lens, ctx, shape.decode_tokens),
-            budget.mixed_step_flops(spec, lens, shape.decode_tokens, ctx), sum(lens) + shape.decode_tokens)
+    return (
+        "mixed",
+        budget.mixed_step_bytes(spec, lens, ctx, shape.decode_tokens),
+        budget.mixed_step_flops(spec, lens, shape.decode_tokens, ctx),
+        sum(lens) + shape.decode_tokens,
+    )
 
 
 @pytest.fixture(scope="class")
@@ -164,8 +181,6 @@ def stop(core: EngineCore) -> None:
         if "accelerator" not in str(e):
             raise
     shutdown_dist()
-
-
 
 
 @pytest.mark.usefixtures("engine")
@@ -202,10 +217,14 @@ class TestEngineCore:
         want: dict[str, float] = {}
         for shape in EXPECTED:
             phase, nbytes, flops, tokens = cost(shape)
-            for key, v in (("perfsdk_step_seconds_count", 1), ("perfsdk_step_tokens_total", tokens),
-                           ("perfsdk_step_bytes_total", nbytes), ("perfsdk_step_flops_total", flops),
-                           ("perfsdk_step_bandwidth_utilization_count", phase != "prefill"),  # MBU: decode, mixed
-                           ("perfsdk_step_flops_utilization_count", phase != "decode")):  # MFU: prefill, mixed
+            for key, v in (
+                ("perfsdk_step_seconds_count", 1),
+                ("perfsdk_step_tokens_total", tokens),
+                ("perfsdk_step_bytes_total", nbytes),
+                ("perfsdk_step_flops_total", flops),
+                ("perfsdk_step_bandwidth_utilization_count", phase != "prefill"),  # MBU: decode, mixed
+                ("perfsdk_step_flops_utilization_count", phase != "decode"),
+            ):  # MFU: prefill, mixed
                 if v:
                     want[f"{key}/{phase}"] = want.get(f"{key}/{phase}", 0) + v
         got = delta(before, snapshot())
@@ -214,7 +233,8 @@ class TestEngineCore:
             assert got[k] == pytest.approx(v), k
         # all prompt tokens computed once, the other two tokens of each request decoded one at a time
         assert sum(v for k, v in got.items() if k.startswith("perfsdk_step_tokens_total")) == (
-            sum(cpu.PROMPTS) + len(cpu.PROMPTS) * (cpu.MAX_TOKENS - 1))
+            sum(cpu.PROMPTS) + len(cpu.PROMPTS) * (cpu.MAX_TOKENS - 1)
+        )
         assert (hook.steps, hook.unpaired) == (len(EXPECTED), 0)
         assert hook.monitor.stats()["internal_errors"] == 0
 
@@ -229,10 +249,9 @@ class TestEngineCore:
         assert hook.monitor.flush(10)
         assert hook.monitor.stats()["prefill"]["steps"] == steps + 1
 
-
-    def test_nothing_perfsdk_does_wrong_reaches_vllm(self, engine: tuple[EngineCore, Any],
-                                                     monkeypatch: pytest.MonkeyPatch,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
+    def test_nothing_perfsdk_does_wrong_reaches_vllm(
+        self, engine: tuple[EngineCore, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
         _, wrapper = engine
         hook = vllm_worker.hook_of(wrapper)
         assert hook is not None
@@ -256,11 +275,16 @@ def test_a_speculative_verify_step_is_a_decode(tmp_path: Path) -> None:
 
     sync = VLLM_RELEASE < (0, 33)  # vLLM 0.26 runs n-gram drafts only without async scheduling
     base = cpu.engine_config(tmp_path, async_scheduling=False if sync else None)
-    cfg = VllmConfig(model_config=base.model_config, device_config=base.device_config,
-                     scheduler_config=base.scheduler_config, cache_config=base.cache_config,
-                     parallel_config=base.parallel_config,
-                     speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=2,
-                                                          prompt_lookup_max=3, prompt_lookup_min=1))
+    cfg = VllmConfig(
+        model_config=base.model_config,
+        device_config=base.device_config,
+        scheduler_config=base.scheduler_config,
+        cache_config=base.cache_config,
+        parallel_config=base.parallel_config,
+        speculative_config=SpeculativeConfig(
+            method="ngram", num_speculative_tokens=2, prompt_lookup_max=3, prompt_lookup_min=1
+        ),
+    )
     core = EngineCore(cfg, UniProcExecutor, log_stats=False)
     try:
         runner = core.model_executor.driver_worker.worker.model_runner
@@ -295,8 +319,14 @@ def test_a_resumed_request_recomputes_as_a_prefill() -> None:
     """After preemption vLLM reschedules a request among the cached ones, with outputs: it recomputes."""
     so = SchedulerOutput.make_empty()
     so.scheduled_cached_reqs = CachedRequestData(
-        req_ids=["a", "b"], resumed_req_ids={"b"}, new_token_ids=[[], []], all_token_ids={}, new_block_ids=[None, None],
-        num_computed_tokens=[40, 0], num_output_tokens=[5, 9])
+        req_ids=["a", "b"],
+        resumed_req_ids={"b"},
+        new_token_ids=[[], []],
+        all_token_ids={},
+        new_block_ids=[None, None],
+        num_computed_tokens=[40, 0],
+        num_output_tokens=[5, 9],
+    )
     so.num_scheduled_tokens = {"a": 1, "b": 64}
     so.total_num_scheduled_tokens = 65
     assert step_shape(so) == StepShape((64,), 0, 1, 1, 41)
@@ -320,15 +350,27 @@ def make_worker(cfg: Any) -> WorkerWrapperBase:
     from vllm.utils.network_utils import get_distributed_init_method, get_open_port
 
     wrapper = WorkerWrapperBase(rpc_rank=0)
-    wrapper.init_worker([{"vllm_config": cfg, "local_rank": 0, "rank": 0, "is_driver_worker": True,
-                          "distributed_init_method": get_distributed_init_method("127.0.0.1", get_open_port())}])
+    wrapper.init_worker(
+        [
+            {
+                "vllm_config": cfg,
+                "local_rank": 0,
+                "rank": 0,
+                "is_driver_worker": True,
+                "distributed_init_method": get_distributed_init_method("127.0.0.1", get_open_port()),
+            }
+        ]
+    )
     wrapper.init_device()
     return wrapper
 
 
 def test_the_worker_extension_class_hooks_the_worker(tmp_path: Path, no_plugin: None) -> None:
-    cfg = cpu.engine_config(tmp_path, worker_cls="vllm_cpu_worker.ExtensionCpuWorker",
-                            extension="perfsdk.engines.vllm.worker.PerfsdkWorkerExtension")
+    cfg = cpu.engine_config(
+        tmp_path,
+        worker_cls="vllm_cpu_worker.ExtensionCpuWorker",
+        extension="perfsdk.engines.vllm.worker.PerfsdkWorkerExtension",
+    )
     wrapper = make_worker(cfg)  # vLLM's init_worker mixes the class in; its init_device calls init_worker_extension
     try:
         if VLLM_RELEASE < (0, 33):  # vLLM 0.26 calls no init_worker_extension: the extension's RPC methods only
@@ -368,9 +410,9 @@ def test_profile_by_collective_rpc_reaches_the_ranks_window(tmp_path: Path, no_p
         shutdown_dist()
 
 
-def test_another_vllm_version_gets_a_message_naming_the_range(monkeypatch: pytest.MonkeyPatch,
-                                                              caplog: pytest.LogCaptureFixture,
-                                                              no_plugin: None) -> None:
+def test_another_vllm_version_gets_a_message_naming_the_range(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, no_plugin: None
+) -> None:
     hook = vllm_worker.VllmWorkerInstrumentor()
     for ok in ("0.26.0", "0.29.1", "0.33.2", "0.33.0+cu129"):
         assert hook.dependency_problem({"vllm": ok}) is None
@@ -389,11 +431,13 @@ def test_ci_tests_the_oldest_and_the_newest_supported_release() -> None:
     from perfsdk.engines.instrumentor import Requirement
 
     req = Requirement.parse(vllm_worker.VllmWorkerInstrumentor._instruments[0])
-    tested = sorted(tuple(int(x) for x in p.name.split("-")[1].split("."))
-                    for p in (Path(__file__).parents[2] / "constraints").glob("vllm-*-cpu.txt"))
+    tested = sorted(
+        tuple(int(x) for x in p.name.split("-")[1].split("."))
+        for p in (Path(__file__).parents[2] / "constraints").glob("vllm-*-cpu.txt")
+    )
     low = next(v for op, v in req.clauses if op == ">=")
     high = next(v for op, v in req.clauses if op == "<")
-    assert tested[0][:len(low)] == low  # the oldest supported minor release
+    assert tested[0][: len(low)] == low  # the oldest supported minor release
     assert tested[-1][:2] == (high[0], high[1] - 1)  # the newest: the minor release below the bound
     assert VLLM_RELEASE in [v[:2] for v in tested]  # and this run is one of them
 
@@ -459,8 +503,9 @@ def test_perfsdk_enabled_0_installs_nothing(monkeypatch: pytest.MonkeyPatch, no_
     assert not vllm_worker.installed()
 
 
-def test_a_bad_perfsdk_setting_leaves_the_worker_unhooked_not_broken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_a_bad_perfsdk_setting_leaves_the_worker_unhooked_not_broken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("PERFSDK_HARDWARE", "no-such-gpu")
     monkeypatch.setattr(engine_common, "_MONITORS", {})  # a fresh Monitor, made with this setting
     with caplog.at_level(logging.ERROR, logger="perfsdk"):
@@ -474,8 +519,9 @@ def test_a_bad_perfsdk_setting_leaves_the_worker_unhooked_not_broken(tmp_path: P
         shutdown_dist()
 
 
-def test_a_worker_that_exports_nowhere_says_how_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_a_worker_that_exports_nowhere_says_how_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(engine_common, "_MONITORS", {})  # a fresh Monitor, made with this setting
     with caplog.at_level(logging.WARNING, logger="perfsdk"):
         wrapper = make_worker(cpu.engine_config(tmp_path))
@@ -492,8 +538,14 @@ def tp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
     tmp = tmp_path_factory.mktemp("tp")
     (tmp / "prom").mkdir()
     base = free_ports(3)
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp / "prom"), "PERFSDK_HARDWARE": "h100-sxm",
-           "PERFSDK_METRICS_PORT": str(base), "PERFSDK_PROFILER": "torch", "PERFSDK_PROFILE_DIR": str(tmp / "traces")}
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp / "prom"),
+        "PERFSDK_HARDWARE": "h100-sxm",
+        "PERFSDK_METRICS_PORT": str(base),
+        "PERFSDK_PROFILER": "torch",
+        "PERFSDK_PROFILE_DIR": str(tmp / "traces"),
+    }
     with running_script(Path(cpu.__file__).parent / "vllm_tp_server.py", tmp, env, startup_s=180) as info:
         yield {**info, "port": base, "prom": tmp / "prom"}
 
@@ -515,8 +567,12 @@ def test_each_tensor_parallel_rank_reaches_vllms_metrics_with_its_own_share(tp_s
     for shape in EXPECTED:
         phase, nbytes, flops, tokens = cost(shape, per_gpu)
         for rank in ("0", "1"):
-            for name, v in (("perfsdk_step_seconds_count", 1.0), ("perfsdk_step_tokens_total", tokens),
-                            ("perfsdk_step_bytes_total", nbytes), ("perfsdk_step_flops_total", flops)):
+            for name, v in (
+                ("perfsdk_step_seconds_count", 1.0),
+                ("perfsdk_step_tokens_total", tokens),
+                ("perfsdk_step_bytes_total", nbytes),
+                ("perfsdk_step_flops_total", flops),
+            ):
                 want[(name, phase, rank)] = want.get((name, phase, rank), 0) + v
     got: dict[tuple[str, str, str], float] = {}
     deadline = time.monotonic() + 60
@@ -528,8 +584,7 @@ def test_each_tensor_parallel_rank_reaches_vllms_metrics_with_its_own_share(tp_s
     for k, v in want.items():
         assert got.get(k) == pytest.approx(v), k
     # a rank's weight share is half the model's: the same step reads fewer bytes per GPU than on one GPU
-    assert want[("perfsdk_step_bytes_total", "decode", "0")] < sum(
-        cost(s)[1] for s in EXPECTED if s.phase == "decode")
+    assert want[("perfsdk_step_bytes_total", "decode", "0")] < sum(cost(s)[1] for s in EXPECTED if s.phase == "decode")
     # the values came from the two forked worker processes, through PROMETHEUS_MULTIPROC_DIR
     written = {p.name for p in tp_server["prom"].iterdir()}
     for pid in tp_server["workers"]:
@@ -538,8 +593,7 @@ def test_each_tensor_parallel_rank_reaches_vllms_metrics_with_its_own_share(tp_s
 
 def test_the_profiler_window_is_triggered_per_rank(tp_server: dict[str, Any]) -> None:
     def post(rank: int) -> tuple[int, dict[str, Any]]:
-        req = urllib.request.Request(f"http://127.0.0.1:{tp_server['port'] + 1 + rank}/profile?steps=2",
-                                     method="POST")
+        req = urllib.request.Request(f"http://127.0.0.1:{tp_server['port'] + 1 + rank}/profile?steps=2", method="POST")
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
                 return r.status, json.loads(r.read())
@@ -552,7 +606,6 @@ def test_the_profiler_window_is_triggered_per_rank(tp_server: dict[str, Any]) ->
     assert (code, body["accepted"]) == (409, False) and body["reason"].startswith("busy")
     code, body = post(0)  # rank 0's is its own
     assert (code, body["accepted"]) == (202, True)
-
 
 
 # ---- the stat logger (API server): request latencies; steps only where the worker hook is off ----------
@@ -575,8 +628,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
         scheduler_config=SchedulerConfig(async_scheduling=False, max_model_len=4096, is_encoder_decoder=False),
     )
     cfg.cache_config.num_gpu_blocks = 1000  # what the engine core reports after profiling
-    manager = StatLoggerManager(cfg, engine_idxs=[0], custom_stat_loggers=load_stat_logger_plugin_factories(),
-                                enable_default_loggers=False)
+    manager = StatLoggerManager(
+        cfg, engine_idxs=[0], custom_stat_loggers=load_stat_logger_plugin_factories(), enable_default_loggers=False
+    )
     mon = vllm_stats.current_monitor()
     assert mon is not None
     yield cfg, manager, mon
@@ -603,14 +657,21 @@ def test_with_the_worker_hook_the_stat_logger_records_no_steps(stack: Any, caplo
     """vLLM's own step report and perfsdk's worker hook would count every step twice: the hook wins."""
     cfg, _, mon = stack
     assert vllm_worker.installed()
-    manager = StatLoggerManager(cfg, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger],
-                                enable_default_loggers=False)
+    manager = StatLoggerManager(
+        cfg, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger], enable_default_loggers=False
+    )
     with caplog.at_level(logging.INFO, logger="perfsdk"):
         manager.log_engine_initialized()
     assert "step time, MBU and MFU from perfsdk's worker hook" in caplog.text
     before = snapshot()
-    details = SchedulerIterationDetails(iteration_index=0, num_ctx_requests=1, num_ctx_tokens=64,
-                                        num_generation_requests=4, num_generation_tokens=4, elapsed_ms=5.0)
+    details = SchedulerIterationDetails(
+        iteration_index=0,
+        num_ctx_requests=1,
+        num_ctx_tokens=64,
+        num_generation_requests=4,
+        num_generation_tokens=4,
+        elapsed_ms=5.0,
+    )
     manager.record(SchedulerStats(kv_cache_usage=0.2, iteration_details=details), None, engine_idx=0)
     assert mon.flush(10)
     assert delta(before, snapshot()) == {}
@@ -618,8 +679,9 @@ def test_with_the_worker_hook_the_stat_logger_records_no_steps(stack: Any, caplo
 
 def test_without_the_worker_hook_steps_vllm_reports_become_perfsdk_steps(stack: Any, no_plugin: None) -> None:
     cfg, _, mon = stack
-    manager = StatLoggerManager(cfg, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger],
-                                enable_default_loggers=False)
+    manager = StatLoggerManager(
+        cfg, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger], enable_default_loggers=False
+    )
     spec = mon.model
     block = cfg.cache_config.block_size
     m = {"model": "tiny-llama"}
@@ -628,26 +690,48 @@ def test_without_the_worker_hook_steps_vllm_reports_become_perfsdk_steps(stack: 
     mfu_before = value("perfsdk_step_flops_utilization_sum", phase="prefill", **m)
 
     def step(i: int, ctx_reqs: int, ctx_tokens: int, gen_reqs: int, ms: float, usage: float) -> None:
-        details = SchedulerIterationDetails(iteration_index=i, num_ctx_requests=ctx_reqs, num_ctx_tokens=ctx_tokens,
-                                            num_generation_requests=gen_reqs, num_generation_tokens=gen_reqs,
-                                            elapsed_ms=ms)
+        details = SchedulerIterationDetails(
+            iteration_index=i,
+            num_ctx_requests=ctx_reqs,
+            num_ctx_tokens=ctx_tokens,
+            num_generation_requests=gen_reqs,
+            num_generation_tokens=gen_reqs,
+            elapsed_ms=ms,
+        )
         manager.record(SchedulerStats(kv_cache_usage=usage, iteration_details=details), None, engine_idx=0)
 
-    step(0, 2, 1000, 0, 50.0, 0.1)       # prefill of two prompts
-    step(1, 0, 0, 8, 20.0, 0.5)          # decode, 8 sequences, half the KV blocks in use
-    step(2, 1, 256, 7, 30.0, 0.5)        # chunked prefill beside decode
-    step(3, 0, 0, 0, 0.0, 0.0)           # an empty step: nothing
-    manager.record(SchedulerStats(iteration_details=SchedulerIterationDetails(
-        iteration_index=4, num_ctx_requests=0, num_ctx_tokens=0, num_generation_requests=0,
-        num_generation_tokens=0, elapsed_ms=0.0, is_dummy=True)), None, engine_idx=0)  # DP padding
+    step(0, 2, 1000, 0, 50.0, 0.1)  # prefill of two prompts
+    step(1, 0, 0, 8, 20.0, 0.5)  # decode, 8 sequences, half the KV blocks in use
+    step(2, 1, 256, 7, 30.0, 0.5)  # chunked prefill beside decode
+    step(3, 0, 0, 0, 0.0, 0.0)  # an empty step: nothing
+    manager.record(
+        SchedulerStats(
+            iteration_details=SchedulerIterationDetails(
+                iteration_index=4,
+                num_ctx_requests=0,
+                num_ctx_tokens=0,
+                num_generation_requests=0,
+                num_generation_tokens=0,
+                elapsed_ms=0.0,
+                is_dummy=True,
+            )
+        ),
+        None,
+        engine_idx=0,
+    )  # DP padding
     assert mon.flush(10)
     assert {p: value("perfsdk_step_seconds_count", phase=p, **m) - before[p] for p in before} == {
-        "prefill": 1, "decode": 1, "mixed": 1}
+        "prefill": 1,
+        "decode": 1,
+        "mixed": 1,
+    }
     ctx = 0.5 * 1000 * block  # kv_cache_usage x KV blocks x block size
     assert value("perfsdk_step_bandwidth_utilization_sum", phase="decode", **m) - mbu_before == pytest.approx(
-        budget.decode_step_bytes(spec, ctx, 8) / (0.020 * HW.memory_bandwidth))
+        budget.decode_step_bytes(spec, ctx, 8) / (0.020 * HW.memory_bandwidth)
+    )
     assert value("perfsdk_step_flops_utilization_sum", phase="prefill", **m) - mfu_before == pytest.approx(
-        budget.prefill_flops(spec, [500, 500]) / (0.050 * HW.flops["bf16"]))
+        budget.prefill_flops(spec, [500, 500]) / (0.050 * HW.flops["bf16"])
+    )
     assert mon.stats()["internal_errors"] == 0
 
 
@@ -655,9 +739,13 @@ def test_a_request_as_vllms_own_stats_code_sees_it(stack: Any) -> None:
     """One request over three engine steps, through vLLM's IterationStats update methods."""
     _, manager, mon = stack
     m = {"model": "tiny-llama"}
-    names = ("gen_ai_server_time_to_first_token_seconds", "perfsdk_inter_token_latency_seconds",
-             "gen_ai_server_time_per_output_token_seconds", "perfsdk_request_queue_seconds",
-             "gen_ai_server_request_duration_seconds")
+    names = (
+        "gen_ai_server_time_to_first_token_seconds",
+        "perfsdk_inter_token_latency_seconds",
+        "gen_ai_server_time_per_output_token_seconds",
+        "perfsdk_request_queue_seconds",
+        "gen_ai_server_request_duration_seconds",
+    )
     before = {n: (value(n + "_count", **m), value(n + "_sum", **m)) for n in names}
     SPAN_EXPORTER.clear()
 
@@ -669,11 +757,13 @@ def test_a_request_as_vllms_own_stats_code_sees_it(stack: Any) -> None:
     for i, (ts, prefilling, evs) in enumerate(outputs):
         it = IterationStats()
         it.iteration_timestamp = arrival + 0.3 + 0.02 * i
-        it.update_from_output(EngineCoreOutput(request_id="r1", new_token_ids=[7], events=evs), ts, prefilling,
-                              req, lora, None)
+        it.update_from_output(
+            EngineCoreOutput(request_id="r1", new_token_ids=[7], events=evs), ts, prefilling, req, lora, None
+        )
         if i == len(outputs) - 1:
-            it.update_from_finished_request(FinishReason.LENGTH, "r1", num_prompt_tokens=12, max_tokens_param=3,
-                                            req_stats=req)
+            it.update_from_finished_request(
+                FinishReason.LENGTH, "r1", num_prompt_tokens=12, max_tokens_param=3, req_stats=req
+            )
         manager.record(None, it, engine_idx=0)
     assert mon.flush(10)
     got = {n: (value(n + "_count", **m) - before[n][0], value(n + "_sum", **m) - before[n][1]) for n in names}
@@ -682,8 +772,11 @@ def test_a_request_as_vllms_own_stats_code_sees_it(stack: Any) -> None:
     assert got["perfsdk_request_queue_seconds"] == (1, pytest.approx(0.10))
     assert got["gen_ai_server_time_per_output_token_seconds"] == (1, pytest.approx(0.025))  # decode 0.05 / 2
     assert got["gen_ai_server_request_duration_seconds"] == (1, pytest.approx(0.34))
-    spans = [s for s in SPAN_EXPORTER.get_finished_spans() if s.attributes.get("gen_ai.request.model") == "tiny-llama"
-             and s.parent is None]
+    spans = [
+        s
+        for s in SPAN_EXPORTER.get_finished_spans()
+        if s.attributes.get("gen_ai.request.model") == "tiny-llama" and s.parent is None
+    ]
     assert len(spans) == 1
     span = spans[0]
     assert span.attributes["gen_ai.usage.input_tokens"] == 12 and span.attributes["gen_ai.usage.output_tokens"] == 3
@@ -695,8 +788,9 @@ def test_finished_request_reasons_and_errors(stack: Any) -> None:
     _, manager, mon = stack
     SPAN_EXPORTER.clear()
     it = IterationStats()
-    it.finished_requests.append(FinishedRequestStats(FinishReason.ERROR, request_id="bad", e2e_latency=0.2,
-                                                     num_generation_tokens=1))
+    it.finished_requests.append(
+        FinishedRequestStats(FinishReason.ERROR, request_id="bad", e2e_latency=0.2, num_generation_tokens=1)
+    )
     it.finished_requests.append(FinishedRequestStats(FinishReason.ABORT, request_id="gone", e2e_latency=0.1))
     manager.record(None, it, engine_idx=0)
     assert mon.flush(10)
@@ -706,46 +800,68 @@ def test_finished_request_reasons_and_errors(stack: Any) -> None:
     assert errored.status.status_code.name == "ERROR"
 
 
-def test_nothing_the_stat_logger_does_wrong_reaches_vllm(stack: Any, caplog: pytest.LogCaptureFixture,
-                                                         no_plugin: None) -> None:
+def test_nothing_the_stat_logger_does_wrong_reaches_vllm(
+    stack: Any, caplog: pytest.LogCaptureFixture, no_plugin: None
+) -> None:
     cfg, _, mon = stack
-    manager = StatLoggerManager(cfg, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger],
-                                enable_default_loggers=False)
+    manager = StatLoggerManager(
+        cfg, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger], enable_default_loggers=False
+    )
     errors = mon.stats()["internal_errors"]
-    broken = SchedulerIterationDetails(iteration_index=9, num_ctx_requests=0, num_ctx_tokens=0,
-                                       num_generation_requests=2, num_generation_tokens=-2, elapsed_ms=5.0)
+    broken = SchedulerIterationDetails(
+        iteration_index=9,
+        num_ctx_requests=0,
+        num_ctx_tokens=0,
+        num_generation_requests=2,
+        num_generation_tokens=-2,
+        elapsed_ms=5.0,
+    )
     with caplog.at_level(logging.ERROR, logger="perfsdk"):
         manager.record(SchedulerStats(iteration_details=broken), None, engine_idx=0)  # must not raise
     assert mon.stats()["internal_errors"] == errors + 1
     assert "perfsdk internal error" in caplog.text and "got -2" in caplog.text
 
 
-def test_without_iteration_details_it_says_what_to_turn_on(stack: Any, caplog: pytest.LogCaptureFixture,
-                                                           no_plugin: None) -> None:
+def test_without_iteration_details_it_says_what_to_turn_on(
+    stack: Any, caplog: pytest.LogCaptureFixture, no_plugin: None
+) -> None:
     cfg, _, _ = stack
-    plain = VllmConfig(model_config=cfg.model_config, device_config=DeviceConfig(device="cpu"),
-                       scheduler_config=cfg.scheduler_config)
+    plain = VllmConfig(
+        model_config=cfg.model_config, device_config=DeviceConfig(device="cpu"), scheduler_config=cfg.scheduler_config
+    )
     with caplog.at_level(logging.WARNING, logger="perfsdk"):
-        StatLoggerManager(plain, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger],
-                          enable_default_loggers=False).log_engine_initialized()
+        StatLoggerManager(
+            plain, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger], enable_default_loggers=False
+        ).log_engine_initialized()
     assert "--enable-logging-iteration-details" in caplog.text
 
 
-def test_with_a_batch_queue_no_step_times_are_taken(stack: Any, caplog: pytest.LogCaptureFixture,
-                                                     no_plugin: None) -> None:
+def test_with_a_batch_queue_no_step_times_are_taken(
+    stack: Any, caplog: pytest.LogCaptureFixture, no_plugin: None
+) -> None:
     """vLLM's async scheduling (its default) times only the wait for an earlier batch: no steps from it."""
     cfg, _, mon = stack
-    queued = VllmConfig(model_config=cfg.model_config, device_config=DeviceConfig(device="cpu"),
-                        observability_config=ObservabilityConfig(enable_logging_iteration_details=True))
+    queued = VllmConfig(
+        model_config=cfg.model_config,
+        device_config=DeviceConfig(device="cpu"),
+        observability_config=ObservabilityConfig(enable_logging_iteration_details=True),
+    )
     assert queued.scheduler_config.async_scheduling and queued.max_concurrent_batches > 1  # vLLM's default
-    manager = StatLoggerManager(queued, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger],
-                                enable_default_loggers=False)
+    manager = StatLoggerManager(
+        queued, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger], enable_default_loggers=False
+    )
     with caplog.at_level(logging.WARNING, logger="perfsdk"):
         manager.log_engine_initialized()
     assert "--no-async-scheduling" in caplog.text
     before = mon.stats()["decode"]["steps"]
-    details = SchedulerIterationDetails(iteration_index=0, num_ctx_requests=0, num_ctx_tokens=0,
-                                        num_generation_requests=4, num_generation_tokens=4, elapsed_ms=0.5)
+    details = SchedulerIterationDetails(
+        iteration_index=0,
+        num_ctx_requests=0,
+        num_ctx_tokens=0,
+        num_generation_requests=4,
+        num_generation_tokens=4,
+        elapsed_ms=0.5,
+    )
     manager.record(SchedulerStats(kv_cache_usage=0.2, iteration_details=details), None, engine_idx=0)
     assert mon.flush(10)
     assert mon.stats()["decode"]["steps"] == before
@@ -753,18 +869,26 @@ def test_with_a_batch_queue_no_step_times_are_taken(stack: Any, caplog: pytest.L
 
 def test_the_engines_kv_cache_size_gives_the_decode_context(stack: Any, no_plugin: None) -> None:
     cfg, _, mon = stack
-    manager = StatLoggerManager(cfg, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger],
-                                enable_default_loggers=False)
+    manager = StatLoggerManager(
+        cfg, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger], enable_default_loggers=False
+    )
     m = {"model": "tiny-llama"}
     cfg.cache_config.kv_cache_size_tokens = 20_000  # what the engine core reports, per engine
     try:
         before = value("perfsdk_step_bandwidth_utilization_sum", phase="decode", **m)
-        details = SchedulerIterationDetails(iteration_index=0, num_ctx_requests=0, num_ctx_tokens=0,
-                                            num_generation_requests=4, num_generation_tokens=4, elapsed_ms=10.0)
+        details = SchedulerIterationDetails(
+            iteration_index=0,
+            num_ctx_requests=0,
+            num_ctx_tokens=0,
+            num_generation_requests=4,
+            num_generation_tokens=4,
+            elapsed_ms=10.0,
+        )
         manager.record(SchedulerStats(kv_cache_usage=0.25, iteration_details=details), None, engine_idx=0)
         assert mon.flush(10)
         assert value("perfsdk_step_bandwidth_utilization_sum", phase="decode", **m) - before == pytest.approx(
-            budget.decode_step_bytes(mon.model, 5_000, 4) / (0.010 * HW.memory_bandwidth))
+            budget.decode_step_bytes(mon.model, 5_000, 4) / (0.010 * HW.memory_bandwidth)
+        )
     finally:
         cfg.cache_config.kv_cache_size_tokens = None
 
@@ -780,8 +904,14 @@ def test_one_odd_request_costs_only_itself(stack: Any, no_plugin: None) -> None:
     it = IterationStats()
     it.finished_requests.append(FinishedRequestStats(None, request_id="odd", e2e_latency=0.3))  # type: ignore[arg-type]
     it.finished_requests.append(FinishedRequestStats(FinishReason.STOP, request_id="fine", e2e_latency=0.2))
-    details = SchedulerIterationDetails(iteration_index=0, num_ctx_requests=0, num_ctx_tokens=0,
-                                        num_generation_requests=2, num_generation_tokens=2, elapsed_ms=5.0)
+    details = SchedulerIterationDetails(
+        iteration_index=0,
+        num_ctx_requests=0,
+        num_ctx_tokens=0,
+        num_generation_requests=2,
+        num_generation_tokens=2,
+        elapsed_ms=5.0,
+    )
     logger.record(SchedulerStats(kv_cache_usage=0.1, iteration_details=details), it, engine_idx=0)
     assert mon.flush(10)
     assert value("gen_ai_server_request_duration_seconds_count", **m) - e2e_before == 1
@@ -789,14 +919,16 @@ def test_one_odd_request_costs_only_itself(stack: Any, no_plugin: None) -> None:
     assert mon.stats()["internal_errors"] == errors + 1
 
 
-def test_a_bad_perfsdk_setting_never_stops_vllm(stack: Any, monkeypatch: pytest.MonkeyPatch,
-                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_a_bad_perfsdk_setting_never_stops_vllm(
+    stack: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     cfg, _, _ = stack
     monkeypatch.setattr(vllm_stats, "_MONITOR", None)
     monkeypatch.setenv("PERFSDK_HARDWARE", "no-such-gpu")
     with caplog.at_level(logging.ERROR, logger="perfsdk"):
-        manager = StatLoggerManager(cfg, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger],
-                                    enable_default_loggers=False)
+        manager = StatLoggerManager(
+            cfg, engine_idxs=[0], custom_stat_loggers=[vllm_stats.PerfsdkStatLogger], enable_default_loggers=False
+        )
         manager.record(None, IterationStats(), engine_idx=0)  # inert, not raising
         manager.log_engine_initialized()
     assert "vLLM stat logger disabled" in caplog.text and "no-such-gpu" in caplog.text

@@ -77,8 +77,9 @@ class StubRunner:
         ids = list(so.num_scheduled_tokens)
         sampled = [[7] if computed[r] + so.num_scheduled_tokens[r] >= self.prompt_len[r] else [] for r in ids]
         self._sampled = [r for r, s in zip(ids, sampled, strict=True) if s]
-        return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                 sampled_token_ids=sampled)
+        return ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
+        )
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """The drafter's proposals after a step (what vLLM's engine core asks for without async scheduling):
@@ -95,9 +96,18 @@ class StubRunner:
 def warmup_output(tokens: int = 16) -> SchedulerOutput:
     """A one-request prefill, as a warm-up pass would run it."""
     so = SchedulerOutput.make_empty()
-    so.scheduled_new_reqs = [NewRequestData(
-        req_id="warmup", prompt_token_ids=[1] * tokens, mm_features=[], sampling_params=None, pooling_params=None,
-        block_ids=([],), num_computed_tokens=0, lora_request=None)]
+    so.scheduled_new_reqs = [
+        NewRequestData(
+            req_id="warmup",
+            prompt_token_ids=[1] * tokens,
+            mm_features=[],
+            sampling_params=None,
+            pooling_params=None,
+            block_ids=([],),
+            num_computed_tokens=0,
+            lora_request=None,
+        )
+    ]
     so.num_scheduled_tokens = {"warmup": tokens}
     so.total_num_scheduled_tokens = tokens
     return so
@@ -108,8 +118,9 @@ class CpuWorker(gpu_worker.Worker):  # type: ignore[misc]
 
     def init_device(self) -> None:
         self.device = torch.device("cpu")
-        gpu_worker.init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
-                                                       self.local_rank, "gloo")
+        gpu_worker.init_worker_distributed_environment(
+            self.vllm_config, self.rank, self.distributed_init_method, self.local_rank, "gloo"
+        )
         self.model_runner = StubRunner()
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -117,9 +128,15 @@ class CpuWorker(gpu_worker.Worker):  # type: ignore[misc]
 
     def get_kv_cache_spec(self) -> dict[str, Any]:
         m, p = self.vllm_config.model_config, self.vllm_config.parallel_config
-        return {f"model.layers.{i}.self_attn.attn": FullAttentionSpec(
-            block_size=self.vllm_config.cache_config.block_size, num_kv_heads=m.get_num_kv_heads(p),
-            head_size=m.get_head_size(), dtype=torch.bfloat16) for i in range(m.get_num_layers(p))}
+        return {
+            f"model.layers.{i}.self_attn.attn": FullAttentionSpec(
+                block_size=self.vllm_config.cache_config.block_size,
+                num_kv_heads=m.get_num_kv_heads(p),
+                head_size=m.get_head_size(),
+                dtype=torch.bfloat16,
+            )
+            for i in range(m.get_num_layers(p))
+        }
 
     def get_supported_kv_cache_layouts(self) -> list[str]:
         return ["NHD"]
@@ -142,39 +159,70 @@ class ExtensionCpuWorker(CpuWorker):
 
 # ---- one small workload, shared by the in-process tests and vllm_tp_server.py --------------------------
 LLAMA = {  # a small Llama: vLLM reads it like any checkpoint's config.json
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512, "intermediate_size": 1376,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 4, "vocab_size": 32000,
-    "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5, "head_dim": 64,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 512,
+    "intermediate_size": 1376,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 4,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-5,
+    "head_dim": 64,
 }
 PROMPTS = (100, 30, 200)  # prompt lengths of the three requests
 MAX_TOKENS = 3  # each generates three tokens
 BUDGET = 128  # tokens per step (--max-num-batched-tokens): the 200-token prompt is chunked
 
 
-def engine_config(model_dir: Path, *, worker_cls: str = "vllm_cpu_worker.CpuWorker", tp: int = 1,
-                  backend: str | None = None, extension: str | None = None,
-                  async_scheduling: bool | None = None) -> VllmConfig:
+def engine_config(
+    model_dir: Path,
+    *,
+    worker_cls: str = "vllm_cpu_worker.CpuWorker",
+    tp: int = 1,
+    backend: str | None = None,
+    extension: str | None = None,
+    async_scheduling: bool | None = None,
+) -> VllmConfig:
     """``vllm serve MODEL_DIR --max-num-batched-tokens 128 --no-enable-prefix-caching`` and otherwise vLLM's
     defaults: async scheduling on, chunked prefill on."""
     (model_dir / "config.json").write_text(json.dumps(LLAMA))
     return VllmConfig(
         model_config=ModelConfig(model=str(model_dir), served_model_name="tiny-llama", skip_tokenizer_init=True),
         device_config=DeviceConfig(device="cpu"),
-        scheduler_config=SchedulerConfig(max_model_len=4096, max_num_batched_tokens=BUDGET, max_num_seqs=8,
-                                         is_encoder_decoder=False, async_scheduling=async_scheduling),
+        scheduler_config=SchedulerConfig(
+            max_model_len=4096,
+            max_num_batched_tokens=BUDGET,
+            max_num_seqs=8,
+            is_encoder_decoder=False,
+            async_scheduling=async_scheduling,
+        ),
         cache_config=CacheConfig(block_size=16, enable_prefix_caching=False),
-        parallel_config=ParallelConfig(worker_cls=worker_cls, tensor_parallel_size=tp,
-                                       distributed_executor_backend=backend, worker_extension_cls=extension or ""),
+        parallel_config=ParallelConfig(
+            worker_cls=worker_cls,
+            tensor_parallel_size=tp,
+            distributed_executor_backend=backend,
+            worker_extension_cls=extension or "",
+        ),
     )
 
 
 def run_requests(core: Any) -> int:
     """Add the three requests to an ``EngineCore`` and step it (its batch queue) until all are done."""
     for i, n in enumerate(PROMPTS):
-        req = EngineCoreRequest(request_id=f"r{i}", prompt_token_ids=list(range(1, n + 1)), mm_features=None,
-                                sampling_params=SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True),
-                                pooling_params=None, arrival_time=time.time(), lora_request=None, cache_salt=None,
-                                data_parallel_rank=None)
+        req = EngineCoreRequest(
+            request_id=f"r{i}",
+            prompt_token_ids=list(range(1, n + 1)),
+            mm_features=None,
+            sampling_params=SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True),
+            pooling_params=None,
+            arrival_time=time.time(),
+            lora_request=None,
+            cache_salt=None,
+            data_parallel_rank=None,
+        )
         core.add_request(*core.preprocess_add_request(req))
     steps = 0
     step = core.step_with_batch_queue if core.batch_queue is not None else core.step

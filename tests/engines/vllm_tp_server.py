@@ -33,8 +33,12 @@ def main() -> None:
     app = FastAPI()
     attach_router(app)
     server, thread, url = serve_on_loopback(app)
-    print(json.dumps({"metrics": url, "engine_steps": steps,
-                      "workers": [p.proc.pid for p in core.model_executor.workers]}), flush=True)
+    print(
+        json.dumps(
+            {"metrics": url, "engine_steps": steps, "workers": [p.proc.pid for p in core.model_executor.workers]}
+        ),
+        flush=True,
+    )
     sys.stdin.read()
     server.should_exit = True
     thread.join(10)

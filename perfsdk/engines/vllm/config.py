@@ -22,6 +22,7 @@ __all__ = ["hardware_of", "model_of"]
 
 log = logging.getLogger("perfsdk")
 
+
 def model_of(vllm_config: Any) -> tuple[ModelSpec | None, str | None]:
     """(the per-GPU ModelSpec or None, the served model name) of a ``VllmConfig``."""
     from perfsdk.model import ModelSpec, quantized_weight_dtype
@@ -59,8 +60,9 @@ def hardware_of(device: int = 0) -> HardwareSpec | None:
 
         if not current_platform.is_cuda_alike():
             return None
-        return hardware.match_device_name(current_platform.get_device_name(device),
-                                          int(current_platform.get_device_total_memory(device)))
+        return hardware.match_device_name(
+            current_platform.get_device_name(device), int(current_platform.get_device_total_memory(device))
+        )
     except Exception as e:
         log.warning("perfsdk: could not tell which GPU vLLM runs on (%s); set PERFSDK_HARDWARE", e)
         return None

@@ -79,8 +79,9 @@ def monitor_for(vllm_config: Any) -> Monitor:
 
             model, name = model_of(vllm_config)
             # host timing: this process (vLLM's API server) runs no steps, and must not initialise CUDA
-            _MONITOR = perfsdk.Monitor(model=model, hardware=hardware_of(), model_name=name, service="vllm",
-                                       timing="host")
+            _MONITOR = perfsdk.Monitor(
+                model=model, hardware=hardware_of(), model_name=name, service="vllm", timing="host"
+            )
         return _MONITOR
 
 
@@ -113,8 +114,9 @@ class PerfsdkStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untype
             self.monitor = monitor_for(vllm_config)
             # the worker hook times every step on the GPU: steps from here would be counted twice
             self.steps_from_workers = worker_hook_expected(vllm_config)
-            details = getattr(getattr(vllm_config, "observability_config", None),
-                              "enable_logging_iteration_details", False)
+            details = getattr(
+                getattr(vllm_config, "observability_config", None), "enable_logging_iteration_details", False
+            )
             batches = getattr(vllm_config, "max_concurrent_batches", 1)
             # with a batch queue (async scheduling, pipeline parallelism) elapsed_ms is not a step's time
             self._steps_timed = not self.steps_from_workers and isinstance(batches, int) and batches <= 1
@@ -124,8 +126,9 @@ class PerfsdkStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untype
             self.monitor = None
 
     # ---- StatLoggerBase ----------------------------------------------
-    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-               engine_idx: int = 0) -> None:
+    def record(
+        self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+    ) -> None:
         mon = self.monitor
         if mon is None:
             return
@@ -154,22 +157,32 @@ class PerfsdkStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untype
         if self.monitor is None:
             return
         if self.steps_from_workers:
-            log.info("perfsdk: vLLM engine %d: request latencies here; step time, MBU and MFU from perfsdk's "
-                     "worker hook (device time on each GPU)", self.engine_index)
+            log.info(
+                "perfsdk: vLLM engine %d: request latencies here; step time, MBU and MFU from perfsdk's "
+                "worker hook (device time on each GPU)",
+                self.engine_index,
+            )
         if self._warned_no_steps:
             return
         self._warned_no_steps = True
         off = "perfsdk's worker hook is off (VLLM_PLUGINS leaves out perfsdk_worker), and "
         if not self._steps_timed:
-            log.warning("perfsdk: vLLM engine %d: %sthis engine runs a batch queue (async scheduling or pipeline "
-                        "parallelism): the step time it reports is not a step's, so perfsdk records no steps, "
-                        "MBU or MFU; let the worker hook load, or start vLLM with --no-async-scheduling "
-                        "(latency metrics work as they are)", self.engine_index, off)
+            log.warning(
+                "perfsdk: vLLM engine %d: %sthis engine runs a batch queue (async scheduling or pipeline "
+                "parallelism): the step time it reports is not a step's, so perfsdk records no steps, "
+                "MBU or MFU; let the worker hook load, or start vLLM with --no-async-scheduling "
+                "(latency metrics work as they are)",
+                self.engine_index,
+                off,
+            )
         else:
-            log.warning("perfsdk: vLLM engine %d: %sthe engine reports no per-step details, so perfsdk has no "
-                        "step time, MBU or MFU; let the worker hook load, or start vLLM with "
-                        "--enable-logging-iteration-details (latency metrics work as they are)",
-                        self.engine_index, off)
+            log.warning(
+                "perfsdk: vLLM engine %d: %sthe engine reports no per-step details, so perfsdk has no "
+                "step time, MBU or MFU; let the worker hook load, or start vLLM with "
+                "--enable-logging-iteration-details (latency metrics work as they are)",
+                self.engine_index,
+                off,
+            )
 
     # ---- mapping -------------------------------------------------------
     @staticmethod
@@ -178,12 +191,17 @@ class PerfsdkStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untype
         out = int(fr.num_generation_tokens)
         e2e = float(fr.e2e_latency)
         mon.record_finished(
-            e2e_s=max(e2e, 0.0), queue_s=fr.queued_time, prefill_s=fr.prefill_time,
+            e2e_s=max(e2e, 0.0),
+            queue_s=fr.queued_time,
+            prefill_s=fr.prefill_time,
             # arrival to first token: the end less the decode (queue + prefill would miss the frontend's part)
             ttft_s=max(e2e - float(fr.decode_time), 0.0),
             tpot_s=fr.mean_time_per_output_token if out > 1 else None,
-            prompt_tokens=int(fr.num_prompt_tokens), output_tokens=out, finish_reason=reason,
-            error="vllm: request error" if reason == "error" else None, request_id=fr.request_id,
+            prompt_tokens=int(fr.num_prompt_tokens),
+            output_tokens=out,
+            finish_reason=reason,
+            error="vllm: request error" if reason == "error" else None,
+            request_id=fr.request_id,
         )
 
     def _step(self, mon: Monitor, d: Any, stats: Any) -> None:  # one SchedulerIterationDetails
@@ -193,11 +211,21 @@ class PerfsdkStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untype
         prefill_tokens, prefill_reqs = int(d.num_ctx_tokens), int(d.num_ctx_requests)
         decode_tokens = int(d.num_generation_tokens)
         if prefill_tokens and decode_tokens:
-            mon.record_step("mixed", seconds, batch=decode_tokens, context_tokens=self._context_tokens(stats),
-                            seq_lens=split_evenly(prefill_tokens, prefill_reqs))
+            mon.record_step(
+                "mixed",
+                seconds,
+                batch=decode_tokens,
+                context_tokens=self._context_tokens(stats),
+                seq_lens=split_evenly(prefill_tokens, prefill_reqs),
+            )
         elif prefill_tokens:
-            mon.record_step("prefill", seconds, batch=max(prefill_reqs, 1), tokens=prefill_tokens,
-                            seq_lens=split_evenly(prefill_tokens, prefill_reqs))
+            mon.record_step(
+                "prefill",
+                seconds,
+                batch=max(prefill_reqs, 1),
+                tokens=prefill_tokens,
+                seq_lens=split_evenly(prefill_tokens, prefill_reqs),
+            )
         elif decode_tokens:
             # FLOPs per generated token (speculative decoding verifies several per sequence)
             mon.record_step("decode", seconds, batch=decode_tokens, context_tokens=self._context_tokens(stats))
@@ -216,4 +244,3 @@ class PerfsdkStatLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM is untype
             dp = int(getattr(getattr(self._config, "parallel_config", None), "data_parallel_size", 1) or 1)
             tokens = int(blocks) / dp * int(cache.block_size)
         return round(float(usage) * float(tokens))
-

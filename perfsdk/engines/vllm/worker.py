@@ -76,14 +76,7 @@ import logging
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from perfsdk.engines._common import (
-    count_error,
-    distributed_rank,
-    enabled,
-    enter_step,
-    exit_step,
-    process_monitor,
-)
+from perfsdk.engines._common import count_error, distributed_rank, enabled, enter_step, exit_step, process_monitor
 from perfsdk.engines.instrumentor import Instrumentor, guard, unwrap, wrap
 from perfsdk.engines.vllm.batch import step_shape
 from perfsdk.engines.vllm.config import hardware_of, model_of
@@ -164,8 +157,7 @@ def worker_monitor(vllm_config: Any) -> Monitor:
     ``PERFSDK_METRICS_PORT=P``: served on ``P + 1 + rank`` (``P`` is the API server's).
     """
     model, name = model_of(vllm_config)
-    return process_monitor("vllm", model, name, hardware_of(_local_device()), port_offset=1,
-                           rank=distributed_rank())
+    return process_monitor("vllm", model, name, hardware_of(_local_device()), port_offset=1, rank=distributed_rank())
 
 
 def _local_device() -> int:
@@ -212,8 +204,9 @@ class WorkerHook:
         _HOOKS.discard(self)
 
     # ---- the wrapped methods (the worker's thread), as wrapt calls them -----
-    def compile_or_warm_up_model(self, wrapped: Any, instance: Any, args: tuple[Any, ...],
-                                 kwargs: dict[str, Any]) -> Any:
+    def compile_or_warm_up_model(
+        self, wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         result = wrapped(*args, **kwargs)
         self.ready = True
         return result
@@ -300,8 +293,9 @@ def hook_of(target: Any) -> WorkerHook | None:
     return hook if isinstance(hook, WorkerHook) else None
 
 
-def profile(target: Any, steps: int | None = None, mode: str | None = None,
-            ranks: list[int] | None = None) -> dict[str, Any]:
+def profile(
+    target: Any, steps: int | None = None, mode: str | None = None, ranks: list[int] | None = None
+) -> dict[str, Any]:
     """Ask this worker's profiler window for one capture (``collective_rpc`` runs it on every worker).
 
     *ranks*: only those ranks (torch.distributed's; a single GPU is rank 0) capture; the others answer
@@ -346,8 +340,9 @@ class PerfsdkWorkerExtension:
         if hook is not None:
             hook.detach()
 
-    def perfsdk_profile(self, steps: int | None = None, mode: str | None = None,
-                        ranks: list[int] | None = None) -> dict[str, Any]:
+    def perfsdk_profile(
+        self, steps: int | None = None, mode: str | None = None, ranks: list[int] | None = None
+    ) -> dict[str, Any]:
         return profile(self, steps, mode, ranks)
 
     def perfsdk_stats(self) -> dict[str, Any]:
@@ -355,5 +350,10 @@ class PerfsdkWorkerExtension:
         hook = hook_of(self)
         if hook is None:
             return {}
-        return {"rank": distributed_rank() or 0, "steps": hook.steps, "warmup": hook.warmup, "unpaired": hook.unpaired,
-                "monitor": hook.monitor.stats()}
+        return {
+            "rank": distributed_rank() or 0,
+            "steps": hook.steps,
+            "warmup": hook.warmup,
+            "unpaired": hook.unpaired,
+            "monitor": hook.monitor.stats(),
+        }
