@@ -270,11 +270,11 @@ def test_both_cores_hand_back_the_records_types() -> None:
 
 @needs_c
 def test_the_c_constants_are_the_python_ones() -> None:
-    from perfsdk import hotpath, records
+    from perfsdk import records, sizes
 
     for name in ("PREFILL", "DECODE", "MIXED", "TIMED", "HOST", "UNTIMED", "NO_TOKENS", "UNSIZED"):
         assert getattr(native, name) == getattr(records, name), name
-    assert native.LENS_SQ_MAX == hotpath.LENS_SQ_MAX
+    assert native.LENS_SQ_MAX == sizes.LENS_SQ_MAX
     assert len(STEP) <= native.MAX_STEP_BOUNDS
     assert len(UTIL) <= native.MAX_UTIL_BOUNDS
 
