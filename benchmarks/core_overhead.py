@@ -22,7 +22,9 @@ the OpenTelemetry SDK with a BatchSpanProcessor, step spans at 1 %, NVTX "auto")
 2. **Loops**, bare and instrumented interleaved A/B/B/A, median of ``--reps`` runs each: CUDA-graph
    replays back to back (``graph``); the same with the sampled ids read back every step
    (``graph_synced``: ``g.replay(); ids.cpu()``, the host on the critical path, as every streaming server);
-   eager (``model.decode`` per step). Reported: end-to-end step time and overhead, the serving thread's
+   the read-back loop with each step's B tokens recorded (``graph_synced_tokens``: one ``step.tokens(reqs)``
+   per step where perfsdk has it, else ``req.tokens(1)`` per request; ``token_call`` says which); eager
+   (``model.decode`` per step). Reported: end-to-end step time and overhead, the serving thread's
    own CPU time per step (bare and instrumented: resolves a fraction of a microsecond, so it settles the
    eager loop where wall-clock noise would not), perfsdk's threads' CPU per step, steps recorded vs run.
    Instrumented non-synced loops run under ``torch.cuda.set_sync_debug_mode("error")``: any host sync
@@ -177,10 +179,19 @@ def call_costs(spec: ModelSpec, hw: Any, hot_path: str | None) -> dict[str, Any]
 
 
 def run_loop(
-    mon: perfsdk.Monitor | None, step: Callable[[], object], steps: int, batch: int, ctx: int, time_calls: bool = False
+    mon: perfsdk.Monitor | None,
+    step: Callable[[], object],
+    steps: int,
+    batch: int,
+    ctx: int,
+    time_calls: bool = False,
+    reqs: list[Any] | None = None,
 ) -> dict[str, float]:
     """One run of *steps* steps (bare when *mon* is None). *time_calls*: also time perfsdk's own calls on the
-    serving thread (clock reads around enter and exit; a separate run, so the others carry no timer)."""
+    serving thread (clock reads around enter and exit; a separate run, so the others carry no timer).
+    *reqs*: each instrumented step also records one token for each of these requests, the way this perfsdk
+    can: one ``step.tokens(reqs)`` inside the step where it has it, else ``req.tokens(1)`` per request after
+    it (what a streaming loop did before issue 23)."""
     torch.cuda.synchronize()
     if mon is not None:
         mon.flush(60)
@@ -194,6 +205,17 @@ def run_loop(
             step()
     elif time_calls:
         calls_ns = decode_call_ns(mon, step, steps, batch, batch * ctx)
+    elif reqs is not None and token_call(mon) == "step.tokens":
+        for _ in range(steps):
+            with mon.decode(batch=batch, context_tokens=batch * ctx) as s:
+                step()
+                s.tokens(reqs)
+    elif reqs is not None:
+        for _ in range(steps):
+            with mon.decode(batch=batch, context_tokens=batch * ctx):
+                step()
+            for r in reqs:
+                r.tokens(1)
     else:
         for _ in range(steps):
             with mon.decode(batch=batch, context_tokens=batch * ctx):
@@ -217,6 +239,11 @@ def run_loop(
     }
 
 
+def token_call(mon: perfsdk.Monitor) -> str:
+    """How this perfsdk records a step's tokens: ``step.tokens`` (one call per step) or ``req.tokens``."""
+    return "step.tokens" if hasattr(mon.decode(batch=1), "tokens") else "req.tokens"
+
+
 def loops(
     model: Model, spec: ModelSpec, hw: Any, ctx: int, reps: int, hot_path: str | None, which: list[str]
 ) -> list[dict[str, Any]]:
@@ -227,12 +254,15 @@ def loops(
         pos = torch.tensor([ctx - 1], device="cuda")
         g, g_out = capture_decode_graph(model, tokens, pos, with_output=True)
         for loop in which:
-            step, steps = decode_loop(loop, model, tokens, pos, g, g_out, batch)
+            # graph_synced_tokens: the read-back loop, each instrumented step also recording its B tokens
+            with_tokens = loop == "graph_synced_tokens"
+            step, steps = decode_loop(loop.removesuffix("_tokens"), model, tokens, pos, g, g_out, batch)
             for _ in range(10):
                 step()
             mon = make_monitor(spec, hw, **kw)
+            reqs = [mon.request(prompt_tokens=16) for _ in range(batch)] if with_tokens else None
             run_loop(None, step, max(steps // 10, 5), batch, ctx)
-            run_loop(mon, step, max(steps // 10, 5), batch, ctx)
+            run_loop(mon, step, max(steps // 10, 5), batch, ctx, reqs=reqs)
             before = mon.stats()["decode"]["steps"]
             bare: list[dict[str, float]] = []
             inst: list[dict[str, float]] = []
@@ -241,11 +271,11 @@ def loops(
                     if not instrumented:
                         bare.append(run_loop(None, step, steps, batch, ctx))
                         continue
-                    checked = loop != "graph_synced"  # that loop syncs on purpose
+                    checked = not loop.startswith("graph_synced")  # those loops sync on purpose
                     if checked:
                         torch.cuda.set_sync_debug_mode("error")
                     try:
-                        inst.append(run_loop(mon, step, steps, batch, ctx))
+                        inst.append(run_loop(mon, step, steps, batch, ctx, reqs=reqs))
                     finally:
                         if checked:
                             torch.cuda.set_sync_debug_mode(0)
@@ -263,6 +293,7 @@ def loops(
                 "batch": batch,
                 "ctx": ctx,
                 "loop": loop,
+                "token_call": token_call(mon) if with_tokens else None,
                 "hot_path": hot_path_of(mon),
                 "steps_per_run": steps,
                 "runs": reps,
@@ -288,7 +319,7 @@ def loops(
                 "step_ms_p50": st["decode"]["step_ms_p50"],
                 "dropped": st["dropped_records"],
                 "internal_errors": st["internal_errors"],
-                "zero_syncs_under_sync_debug_error": True if loop != "graph_synced" else None,
+                "zero_syncs_under_sync_debug_error": True if not loop.startswith("graph_synced") else None,
             }
             results.append(r)
             print(
@@ -623,7 +654,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--hot-path", default=None, help="Monitor(hot_path=...) where this perfsdk has it")
-    ap.add_argument("--loops", default="graph,graph_synced,eager")
+    ap.add_argument("--loops", default="graph,graph_synced,graph_synced_tokens,eager")
     ap.add_argument("--parts", default="calls,loops,overload,threads,agreement,capture")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
