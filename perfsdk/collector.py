@@ -120,7 +120,7 @@ class Collector(threading.Thread):
         self._exported_spans: dict[str, int] = {}
         self.peaks = peaks or {}  # "mbu"/"mfu" -> the peak in use and its source, for the impossible-value log
         self._suspect_logged: set[tuple[int, str]] = set()
-        self.notices: list[str] = []  # warnings to log at the first round that exports anything
+        self.notices: list[str] = []  # warnings to log at the first export of a step or a request
         # a plain lock as the wake-up: acquired by this thread, released by wake(); waiting on it with a
         # timeout is one C call (threading.Event builds a Condition and a lock per wait)
         self._wake = threading.Lock()
@@ -226,10 +226,6 @@ class Collector(threading.Thread):
                 self.errors.record(e, f"collector {type(ev).__name__}")
         busy = steps is not None or bool(ttft or itl or results)
         self._record(self._batch(steps, ttft, itl, results))
-        if busy and self.notices:  # said when it matters: an idle copy of a Monitor (a fork's) stays quiet
-            for notice in self.notices:
-                log.warning("%s", notice)
-            self.notices.clear()
         for f in flushes:
             self._flush(f)
         self.rounds += 1
@@ -333,6 +329,12 @@ class Collector(threading.Thread):
                 s.record(batch)
             except Exception as e:
                 self.errors.record(e, f"{type(s).__name__}.record")
+        # notices are said when they matter: at the first export of a step or a request, whether a round or a
+        # flush took it (an idle copy of a Monitor, a fork's, stays quiet)
+        if self.notices and (batch.steps is not None or batch.ttft_s or batch.itl_s or batch.requests):
+            for notice in self.notices:
+                log.warning("%s", notice)
+            self.notices.clear()
 
     # ---- requests ----------------------------------------------------------------------------------
     def _tokens(self, ev: Tokens, ttft: list[float]) -> None:

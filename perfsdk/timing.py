@@ -11,9 +11,10 @@ bounded); when every event is in flight the step is counted but not timed
 (``stats()["untimed_steps_event_pool_empty"]``): a host interval around an
 asynchronous launch would pass for device time.
 
-Events are created with blocking sync (``cudaEventBlockingSync``): when the
-collector must wait for one, its thread sleeps in the driver instead of
-spinning a core, with the GIL released.
+Events are created with the default flags, not blocking sync: between two
+CUDA-graph replays a blocking-sync record costs the GPU more
+(``benchmarks/graph_gaps.py``). Nothing waits on them in the driver: the step
+core polls them (``poll_wait``) and sleeps between polls, off the GIL.
 
 Two implementations of the same small event API (:class:`EventApi`), chosen
 once per Monitor by :func:`event_api`: raw driver handles through ``libcuda``
@@ -131,7 +132,7 @@ class EventApi(Protocol):
 
 
 class TorchEvents:
-    """``torch.cuda.Event`` objects (timing, blocking sync), recorded through a cached ``Stream`` per handle."""
+    """``torch.cuda.Event`` objects (timing, default flags), recorded through a cached ``Stream`` per handle."""
 
     name = "torch"
 

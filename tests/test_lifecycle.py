@@ -184,6 +184,39 @@ def test_a_forked_child_counts_exactly_serves_its_own_metrics_and_closes(timing:
         mon.close()
 
 
+@pytest.mark.parametrize("timing", ["host", "cuda-events"])
+def test_a_child_that_only_steps_is_told_where_its_metrics_are_not(timing: str) -> None:
+    """The fork notices are logged at the child's first export of a step, even when a flush takes it."""
+    clock = FakeClock()
+    gpu = ScriptedGpu(capacity=256) if timing == "cuda-events" else None
+    mon = scripted_monitor(
+        gpu, model=MODEL, hardware=HW, registry=CollectorRegistry(), otel=False, nvtx=False, clock=clock
+    )
+    srv = mon.serve_metrics(port=0)
+    logs = LogRecords()
+
+    def child() -> dict[str, Any]:
+        for _ in range(50):
+            with mon.decode(batch=2, context_tokens=100):
+                clock.advance(0.002)
+        flushed = mon.flush(30)  # the steps leave through the flush, not a round of their own
+        mon.close(timeout=3)
+        return {"flushed": flushed, "logs": logs.messages}
+
+    logging.getLogger("perfsdk").addHandler(logs)
+    try:
+        status, got = in_child(child)
+    finally:
+        logging.getLogger("perfsdk").removeHandler(logs)
+    try:
+        assert status == 0 and got["flushed"] is True
+        assert any(srv.url in m for m in got["logs"]), got["logs"]
+        if gpu is not None:
+            assert any("host clock" in m for m in got["logs"]), got["logs"]
+    finally:
+        mon.close()
+
+
 def test_a_copy_that_stays_idle_in_the_child_says_nothing() -> None:
     """A worker that makes a Monitor of its own leaves the inherited one idle: no warning from that one."""
     mon = scripted_monitor(ScriptedGpu(), registry=CollectorRegistry(), otel=False, nvtx=False)
