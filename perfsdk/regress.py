@@ -28,6 +28,10 @@ Exit codes of ``perfsdk regress check`` (:attr:`RegressionReport.exit_code`):
   model, seed, …; unless ``--allow-config-diff``), or a bad flag. The verdict line on stdout then
   says ``cannot compare``, and the reason also goes to stderr.
 
+What is gated is each repetition's own summary (``repetitions[i].summary``; a one-repetition file's
+``summary``). A several-repetition file's top-level ``summary``, all repetitions' requests pooled, is for
+people reading the file and is never gated, so nothing in it can make a gate pass or fail.
+
 In Python::
 
     from perfsdk.regress import check

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,15 @@ def test_ladder_on_cpu_writes_the_table_the_log_and_the_plot(tmp_path: Path) -> 
         assert r["profile"]["captured"], r["profile"]
         assert r["profile"]["verdict"].startswith("perfsdk profile:")
         assert r["hypothesis"] and r["result"]
+    # every utilisation is a fraction of the peak, or the table calls it suspect: never a result above 100 %
+    for r in ran:
+        for part, key in (("standalone_b1", "mbu"), ("standalone_b1", "mbu_calibrated"), ("load", "mbu")):
+            v = r[part].get(key)
+            assert v is None or v > 0, (r["rung"], part, key, v)
+            if v is not None and v > 1:
+                assert "suspect" in rows[r["rung"]], rows[r["rung"]]
+    shown = re.findall(r"(\d+(?:\.\d+)?)%", re.sub(r"suspect \(\d+%\)", "", "\n".join(rows.values())))
+    assert shown and all(float(x) <= 100 for x in shown), rows
     # perfsdk's MBU of the int8 rung counts int8 bytes: fewer than the float32 rungs'
     assert ran[2]["spec"]["dtype"] == "int8"
     assert ran[2]["spec"]["weight_bytes"] < ran[1]["spec"]["weight_bytes"] / 3
