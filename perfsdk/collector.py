@@ -341,7 +341,10 @@ class Collector(threading.Thread):
         """One emission of *ev.n* tokens at *ev.t_ns* for each of *ev.requests* (``step.tokens``, ``mon.tokens``):
         each request's record updated as :meth:`~perfsdk.records.Request.tokens` at that time would have, its
         first token a TTFT. A request whose finish came first (its Finished event read already, or a finish
-        stamped before *t_ns*) is closed: its late token is not its. Anything else odd is counted, never raised."""
+        stamped before *t_ns*) is closed: its late token is not its. Anything else odd is counted, never raised.
+
+        The update is :meth:`Request.tokens`'s, written out rather than called: this loop runs once per request
+        per step, and a call per request measured 6-30 % slower on this project's CPU."""
         t, n = ev.t_ns, ev.n
         q = self.requests
         for r in ev.requests:

@@ -54,6 +54,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
@@ -256,27 +257,22 @@ class MetricsServer:
             mode = query["mode"][0] if "mode" in query else None
         except ValueError:
             return 400, {"error": "steps must be an integer"}
-        try:
-            code, info, _ = endpoint.arm(self._mon, steps, mode, "/profile")
-        except Exception as e:  # a profiler problem is reported, never fatal to the server
-            self._guard.record(e, "POST /profile")
-            return 500, {"error": f"{type(e).__name__}: {e}"}
-        return code, info
+        return self._guarded("POST /profile", lambda: endpoint.arm(self._mon, steps, mode, "/profile")[:2])
 
     def profile_status(self) -> tuple[int, dict[str, Any]]:
         """``GET /profile``."""
-        try:
-            return endpoint.status(self._mon)
-        except Exception as e:
-            self._guard.record(e, "GET /profile")
-            return 500, {"error": f"{type(e).__name__}: {e}"}
+        return self._guarded("GET /profile", lambda: endpoint.status(self._mon))
 
     def cancel(self) -> tuple[int, dict[str, Any]]:
         """``DELETE /profile``."""
+        return self._guarded("DELETE /profile", lambda: endpoint.cancel(self._mon, "/profile"))
+
+    def _guarded(self, where: str, answer: Callable[[], tuple[int, dict[str, Any]]]) -> tuple[int, dict[str, Any]]:
+        """*answer*'s reply, or a 500 naming the error: a profiler problem is reported, never fatal to the server."""
         try:
-            return endpoint.cancel(self._mon, "/profile")
+            return answer()
         except Exception as e:
-            self._guard.record(e, "DELETE /profile")
+            self._guard.record(e, where)
             return 500, {"error": f"{type(e).__name__}: {e}"}
 
 

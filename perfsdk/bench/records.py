@@ -47,6 +47,7 @@ __all__ = [
     "GapSummary",
     "RequestRecord",
     "http_reason",
+    "percentile",
 ]
 
 CONNECTION_ERROR = "connection_error"  # refused, DNS, reset before a response
@@ -90,7 +91,7 @@ def http_reason(status: int) -> str:
 class GapSummary:
     """The gaps between text chunks of a request stopped at a limit, in seconds (``None`` with no gap).
 
-    Percentiles interpolate linearly between the gaps, as :func:`perfsdk.bench.report.percentile` does.
+    Percentiles interpolate linearly between the gaps, as :func:`percentile` does.
     """
 
     count: int
@@ -111,9 +112,9 @@ class GapSummary:
             total=math.fsum(ordered),
             min=ordered[0],
             max=ordered[-1],
-            p50=_percentile(ordered, 50.0),
-            p90=_percentile(ordered, 90.0),
-            p99=_percentile(ordered, 99.0),
+            p50=percentile(ordered, 50.0),
+            p90=percentile(ordered, 90.0),
+            p99=percentile(ordered, 99.0),
         )
 
     @classmethod
@@ -124,12 +125,15 @@ class GapSummary:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
-def _percentile(ordered: Sequence[float], p: float) -> float:
-    # numpy's linear interpolation, as report.percentile (not imported: report imports this module)
-    pos = (len(ordered) - 1) * p / 100.0
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """Linear-interpolation percentile (numpy's default) of already sorted values (also
+    :func:`perfsdk.bench.report.percentile`: here, below the report, so that both use one)."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    pos = (len(sorted_values) - 1) * p / 100.0
     lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 @dataclass

@@ -54,7 +54,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from perfsdk.bench.records import RequestRecord
+from perfsdk.bench.records import RequestRecord, percentile
 
 __all__ = [
     "LATENCY_KEYS",
@@ -81,16 +81,6 @@ LATENCY_KEYS: dict[str, str] = {
 def percentile_key(p: float) -> str:
     """``99.0 -> "p99"``, ``99.9 -> "p99.9"``."""
     return f"p{p:g}"
-
-
-def percentile(sorted_values: Sequence[float], p: float) -> float:
-    """Linear-interpolation percentile (numpy's default) of already sorted values."""
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    pos = (len(sorted_values) - 1) * p / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def latency_stats(values_s: Iterable[float], percentiles: Sequence[float]) -> dict[str, float | None]:

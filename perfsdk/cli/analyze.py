@@ -207,34 +207,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(flag: str, value: float | None) -> float | None:
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise _config_error(f"--{flag}: must be a positive, finite number, got {value!r}")
-    return value
-
-
-def _config_error(msg: str) -> Exception:
-    from perfsdk.errors import ConfigError
-
-    return ConfigError(msg)
-
-
 def _cost_and_reference(args: argparse.Namespace) -> tuple[dict[str, StepCost] | None, Any]:
     """The per-phase costs and the unprofiled reference the options describe (None where none were given)."""
     from perfsdk.profiling.bandwidth import StepCost
     from perfsdk.profiling.observer import Unprofiled
 
+    # every figure was checked by its flag's type (perfsdk.cli._args): finite, in range, positive where it must be
     phase = args.phase
-    step_bytes, step_flops = _positive("step-bytes", args.step_bytes), _positive("step-flops", args.step_flops)
-    bw, tflops = _positive("bandwidth-tb-s", args.bandwidth_tb_s), _positive("tflops", args.tflops)
-    unprofiled_ms = _positive("unprofiled-ms", args.unprofiled_ms)
+    step_bytes, step_flops = args.step_bytes, args.step_flops
+    bw, tflops = args.bandwidth_tb_s, args.tflops
+    unprofiled_ms = args.unprofiled_ms
     batch, context, prompt = args.batch, args.context, args.prompt_tokens
-    if batch < 1:
-        raise _config_error(f"--batch: must be >= 1, got {batch}")
-    if context < 0:
-        raise _config_error(f"--context: must be >= 0, got {context}")
-    if prompt is not None and prompt < 1:
-        raise _config_error(f"--prompt-tokens: must be >= 1, got {prompt}")
     unprofiled = (
         None if unprofiled_ms is None else {phase: Unprofiled(step_us=unprofiled_ms * 1000, source="--unprofiled-ms")}
     )

@@ -222,14 +222,21 @@ int core_error_name(StepCore *core, PyObject *name) {
 
 /* ------------------------------------------------------------------------------------- counting */
 
-static void add_site(StepCore *c, const char *site, const char *what, int code) {
-    /* under c->lock */
+static void add_site_message(StepCore *c, const char *site, const char *message) {
+    /* under c->lock: one internal error, and its site and message while there is room for them */
     c->errors++;
     if (c->nsites < MAX_SITES) {
         Site *s = &c->sites[c->nsites++];
         s->site = site;
-        snprintf(s->message, sizeof(s->message), "%s failed (CUDA error %d)", what, code);
+        snprintf(s->message, sizeof(s->message), "%s", message);
     }
+}
+
+static void add_site(StepCore *c, const char *site, const char *what, int code) {
+    /* under c->lock */
+    char message[sizeof(((Site *)0)->message)];
+    snprintf(message, sizeof(message), "%s failed (CUDA error %d)", what, code);
+    add_site_message(c, site, message);
 }
 
 /* A negative duration (perfsdk.stepcore's CLOCK_BACKWARDS, ELAPSED_NEGATIVE: the same text). */
@@ -239,12 +246,7 @@ static const char ELAPSED_NEGATIVE[] = "a step's device time read negative: its 
 
 static void core_problem(StepCore *c, const char *site, const char *message) {
     pthread_mutex_lock(&c->lock);
-    c->errors++;
-    if (c->nsites < MAX_SITES) {
-        Site *s = &c->sites[c->nsites++];
-        s->site = site;
-        snprintf(s->message, sizeof(s->message), "%s", message);
-    }
+    add_site_message(c, site, message);
     pthread_mutex_unlock(&c->lock);
 }
 

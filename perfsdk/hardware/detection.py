@@ -22,7 +22,7 @@ from typing import Any
 from perfsdk.errors import ConfigError, UnknownHardwareError
 from perfsdk.hardware.datasheets import SPEC_HINT, HardwareSpec, match_device_name
 
-__all__ = ["cpu_name", "cuda_index", "detect", "detect_torch", "device_info", "gpu_present", "memory_bytes", "probed"]
+__all__ = ["cpu_name", "cuda_index", "detect", "detect_torch", "device_info", "memory_bytes", "probed"]
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +37,6 @@ def cuda_index(torch: Any, device: int | str | None) -> int:
     if dev.type != "cuda":
         raise ConfigError(f"device: expected a CUDA device such as 'cuda:0', got {device!r}")
     return int(dev.index) if dev.index is not None else int(torch.cuda.current_device())
-
-
-def gpu_present() -> bool:
-    """Whether this process has a GPU, found without importing torch where possible (:func:`probed`)."""
-    answered, spec = probed_or_unknown()
-    if answered:
-        return spec is not None
-    return detect_torch(None, missing_ok=True) is not None
 
 
 def probed() -> tuple[bool, HardwareSpec | None]:
@@ -68,14 +60,6 @@ def probed() -> tuple[bool, HardwareSpec | None]:
         if found.device.memory_bytes is not None:
             raise
         log.debug("hardware='auto': %s needs its memory size to pick a row; asking torch", found.device.name)
-        return False, None
-
-
-def probed_or_unknown() -> tuple[bool, HardwareSpec | None]:
-    """:func:`probed`, with a GPU missing from the table counted as present (``(False, None)``)."""
-    try:
-        return probed()
-    except UnknownHardwareError:
         return False, None
 
 

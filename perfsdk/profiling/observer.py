@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perfsdk.errors import ConfigError
+from perfsdk.config import check_number
 
 __all__ = [
     "REFERENCE_MAX_AGE_S",
@@ -78,10 +78,8 @@ class Unprofiled:
     bytes: float | None = None  # the median bytes those steps had to read (the window prices steps with it)
 
     def __post_init__(self) -> None:
-        v = self.step_us
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ConfigError(f"unprofiled step time: must be a positive, finite number of µs, got {v!r}")
-        object.__setattr__(self, "step_us", float(v))
+        v = check_number("unprofiled step time", self.step_us, 0, open_low=True, what="a number of µs")
+        object.__setattr__(self, "step_us", v)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -14,11 +14,11 @@ a GPU through :mod:`perfsdk.budget`, or as figures directly::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from perfsdk.config import check_number
 from perfsdk.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -29,11 +29,7 @@ __all__ = ["StepCost"]
 
 
 def _check_figure(field_name: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{field_name}: must be a positive, finite number or None, got {value!r}")
-    return float(value)
+    return None if value is None else check_number(field_name, value, 0, open_low=True, what="a number or None")
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def decode_cost(
     # the bytes are the core's own (what MBU divided); the context, recovered from them, prices the FLOPs
     context = 0
     if model.has_attention_shape:
-        weights = budget.decode_step_bytes(model, 0)
+        weights = budget.decode_step_bytes(model, 0, ref.batch)  # weights and the batch's embedding rows
         context = max(round((ref.bytes - weights) / model.kv_bytes_per_token), 0)
     cost = StepCost.decode(model, hw, batch=ref.batch, context_tokens=context, compute_dtype=compute_dtype)
     return StepCost(
